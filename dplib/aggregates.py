@@ -1,0 +1,190 @@
+"""The aggregates interface: the one seam between the estimators and the data.
+
+Estimators never see per-person rows. They ask a backend for exact aggregates over the person
+summaries (one row per person: the person's mean ``Y_i`` of each value column and a group
+index), restricted to a fixed hash range of persons (:mod:`dplib.groups`). Exact answers stay
+inside the estimator and only leave it through a mechanism.
+
+Two backends answer the same calls and pass one contract test suite:
+
+- :class:`NumpyAggregates` (here): from arrays; tests, small data, notebooks.
+- ``spark_jobs.backend.SparkAggregates``: one Spark aggregation per call, O(d + bins) numbers
+  back to the driver.
+
+Conventions shared by both backends (they are part of the contract):
+
+- A person's value of a column is *missing* (NaN here, null in Spark) when the person has no
+  usable record for it; such persons are left out of every aggregate over that column.
+- Histogram bins of a value ``y``: ``floor((clamp(y, lo, hi) - offset) / bin_width)`` with
+  ``[lo, hi] = offset -/+ MAX_BINS_FROM_OFFSET * bin_width`` unless a narrower clamp is given, so
+  an extreme value (1e308) cannot overflow a bin index.
+- Clipping: ``clip_{radius, center}(y) = center + (y - center) * min(1, radius / ||y - center||_2)``;
+  for one column it is truncation to ``[center - radius, center + radius]``, computed with
+  min/max so that ``|clip(y) - center| <= radius`` holds exactly in floating point.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Protocol, Sequence
+
+import numpy as np
+
+from dplib.errors import InvalidParameterError
+from dplib.groups import GroupRange, group_index, in_range
+
+#: Default clamp of histogram values: this many bin widths on each side of the offset.
+MAX_BINS_FROM_OFFSET = 2.0**40
+
+
+class Aggregates(Protocol):
+    """Exact aggregates over person summaries, restricted to a group of persons."""
+
+    def count(self, columns: Sequence[str], group: GroupRange) -> int:
+        """Number of persons in ``group`` with a value for every one of ``columns``."""
+        ...
+
+    def histogram(
+        self,
+        column: str,
+        bin_width: float,
+        offset: float,
+        group: GroupRange,
+        clamp: tuple[float, float] | None = None,
+    ) -> dict[int, int]:
+        """Non-empty bins ``{bin: count}`` of the persons' values of ``column`` in ``group``."""
+        ...
+
+    def clipped_sum(
+        self, columns: Sequence[str], center: np.ndarray, radius: float, group: GroupRange
+    ) -> tuple[np.ndarray, int]:
+        """``(sum_i (clip_{radius, center}(Y_i) - center), count)`` over persons in ``group``.
+
+        ``Y_i`` is the vector of the person's values of ``columns`` (shape ``(d,)``); persons
+        missing any of them are left out. Returns a ``(d,)`` array and the number of persons.
+        """
+        ...
+
+
+def histogram_clamp(bin_width: float, offset: float, clamp: tuple[float, float] | None) -> tuple[float, float]:
+    """The clamp interval used by both backends (see the module docstring)."""
+    if not (np.isfinite(bin_width) and bin_width > 0):
+        raise InvalidParameterError(f"bin_width must be finite and > 0, got {bin_width!r}")
+    if not np.isfinite(offset):
+        raise InvalidParameterError(f"offset must be finite, got {offset!r}")
+    if clamp is None:
+        span = MAX_BINS_FROM_OFFSET * bin_width
+        return offset - span, offset + span
+    lo, hi = float(clamp[0]), float(clamp[1])
+    if not (np.isfinite(lo) and np.isfinite(hi) and lo <= hi):
+        raise InvalidParameterError(f"clamp must be a finite interval lo <= hi, got {clamp!r}")
+    return lo, hi
+
+
+def check_clip_args(columns: Sequence[str], center: np.ndarray, radius: float) -> np.ndarray:
+    """Validate the arguments of a clipped sum; returns the centre as a float64 ``(d,)`` array."""
+    c = np.atleast_1d(np.asarray(center, dtype=np.float64))
+    if c.ndim != 1 or c.shape[0] != len(columns) or len(columns) == 0:
+        raise InvalidParameterError(
+            f"center must have shape ({len(columns)},) to match columns {list(columns)}, got {c.shape}"
+        )
+    if not np.all(np.isfinite(c)):
+        raise InvalidParameterError("center must be finite")
+    if not (np.isfinite(radius) and radius > 0):
+        raise InvalidParameterError(f"radius must be finite and > 0, got {radius!r}")
+    return c
+
+
+def clip_deviations(values: np.ndarray, center: np.ndarray, radius: float) -> np.ndarray:
+    """``clip_{radius, center}(Y_i) - center`` for each row of ``values`` (shape ``(n, d)``)."""
+    diff = values - center[None, :]
+    if values.shape[1] == 1:
+        return np.minimum(np.maximum(diff, -radius), radius)
+    # Scaled norm: ||x|| = s * ||x / s|| with s = max |x_j|, so 1e200-sized values do not overflow.
+    scale = np.max(np.abs(diff), axis=1)
+    safe = np.where(scale > 0, scale, 1.0)
+    norm = scale * np.sqrt(np.sum((diff / safe[:, None]) ** 2, axis=1))
+    factor = np.where(norm > radius, radius / np.where(norm > 0, norm, 1.0), 1.0)
+    return diff * factor[:, None]
+
+
+class NumpyAggregates:
+    """In-memory aggregates backend over person summaries.
+
+    Parameters
+    ----------
+    values : mapping column -> ndarray of shape (n_persons,)
+        Each person's mean of the column (NaN where the person has no usable record).
+        Non-finite values other than NaN are refused.
+    group_idx : ndarray of shape (n_persons,), int
+        Each person's group index in ``[0, 2**32)`` (see :func:`dplib.groups.group_index`).
+
+    Raises
+    ------
+    InvalidParameterError
+        If the arrays have different lengths, hold +-inf, or a group index is out of range.
+    """
+
+    def __init__(self, values: Mapping[str, np.ndarray], group_idx: np.ndarray) -> None:
+        gi = np.asarray(group_idx, dtype=np.int64)
+        if gi.ndim != 1:
+            raise InvalidParameterError("group_idx must be 1-D")
+        if gi.size and (gi.min() < 0 or gi.max() >= 2**32):
+            raise InvalidParameterError("group_idx values must be in [0, 2**32)")
+        self._values: dict[str, np.ndarray] = {}
+        for name, arr in values.items():
+            a = np.asarray(arr, dtype=np.float64)
+            if a.shape != gi.shape:
+                raise InvalidParameterError(
+                    f"column {name!r} has shape {a.shape}, expected {gi.shape} like group_idx"
+                )
+            if np.any(np.isinf(a)):
+                raise InvalidParameterError(f"column {name!r} holds +-inf; drop such persons first")
+            self._values[name] = a
+        self._group_idx = gi
+
+    @classmethod
+    def from_person_ids(
+        cls, values: Mapping[str, np.ndarray], person_ids: Sequence[object], salt_hex: str
+    ) -> "NumpyAggregates":
+        """Build from person ids, hashed with ``salt_hex`` exactly as the Spark backend does."""
+        return cls(values, group_index(person_ids, salt_hex))
+
+    def _column(self, name: str) -> np.ndarray:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise InvalidParameterError(
+                f"unknown column {name!r}; the summaries hold {sorted(self._values)}"
+            ) from None
+
+    def _rows(self, columns: Sequence[str], group: GroupRange) -> np.ndarray:
+        mat = np.column_stack([self._column(c) for c in columns])
+        keep = in_range(self._group_idx, group) & ~np.any(np.isnan(mat), axis=1)
+        return mat[keep]
+
+    def count(self, columns: Sequence[str], group: GroupRange) -> int:
+        return int(self._rows(columns, group).shape[0])
+
+    def histogram(
+        self,
+        column: str,
+        bin_width: float,
+        offset: float,
+        group: GroupRange,
+        clamp: tuple[float, float] | None = None,
+    ) -> dict[int, int]:
+        lo, hi = histogram_clamp(bin_width, offset, clamp)
+        y = self._rows([column], group)[:, 0]
+        bins = np.floor((np.minimum(np.maximum(y, lo), hi) - offset) / bin_width).astype(np.int64)
+        keys, counts = np.unique(bins, return_counts=True)
+        return {int(k): int(c) for k, c in zip(keys, counts)}
+
+    def clipped_sum(
+        self, columns: Sequence[str], center: np.ndarray, radius: float, group: GroupRange
+    ) -> tuple[np.ndarray, int]:
+        c = check_clip_args(columns, center, radius)
+        rows = self._rows(columns, group)
+        if rows.shape[0] == 0:
+            return np.zeros(len(columns)), 0
+        dev = clip_deviations(rows, c, float(radius))
+        return np.sum(dev, axis=0), int(rows.shape[0])

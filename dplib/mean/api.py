@@ -1,0 +1,109 @@
+"""Array-level entry points: run the person-level mean on numpy arrays, no Spark needed."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from dplib.aggregates import NumpyAggregates
+from dplib.budget import Accountant, Budget
+from dplib.errors import InputDataError
+from dplib.groups import group_index, new_salt
+from dplib.mean.univariate import MeanRelease, UnivariateMeanPlan, univariate_person_mean
+from dplib.mechanisms import NoiseSource, production_noise
+
+
+def person_means(values: np.ndarray, person_ids: Sequence[object], m_min: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Reduce records to one mean per person (spec §2.0).
+
+    Parameters
+    ----------
+    values : ndarray, shape (n_records,)
+        Record values. NaN / +-inf records are dropped before averaging.
+    person_ids : sequence, length n_records
+        The privacy unit of each record; None ids are dropped (no person to attribute them to).
+    m_min : int, default 1
+        Persons with fewer usable records are dropped.
+
+    Returns
+    -------
+    (ids of shape (n_persons,), means of shape (n_persons,))
+
+    Raises
+    ------
+    InputDataError
+        If the lengths differ.
+    """
+    vals = np.asarray(values, dtype=np.float64)
+    ids = np.asarray(list(person_ids), dtype=object)
+    if vals.shape != ids.shape:
+        raise InputDataError(f"values has shape {vals.shape} but person_ids has {ids.shape}")
+    keep = np.isfinite(vals) & np.array([pid is not None for pid in ids], dtype=bool)
+    vals, ids = vals[keep], ids[keep].astype(str)
+    uniq, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=vals, minlength=uniq.size)
+    ok = counts >= int(m_min)
+    return uniq[ok], sums[ok] / counts[ok]
+
+
+def person_level_mean(
+    values: np.ndarray,
+    person_ids: Sequence[object],
+    *,
+    epsilon: float,
+    delta: float = 1e-6,
+    scale: float,
+    k: float = 4.0,
+    range_bound: float | None = None,
+    budget_mode: str = "parallel",
+    m_min: int = 1,
+    noise: NoiseSource | None = None,
+    salt_hex: str | None = None,
+) -> MeanRelease:
+    """Private mean over persons of each person's mean, from record-level arrays.
+
+    Parameters
+    ----------
+    values : ndarray, shape (n_records,)
+        One value per record; non-finite records are dropped.
+    person_ids : sequence, length n_records
+        Privacy unit of each record.
+    epsilon, delta : float
+        Budget of this release (add/remove one person). delta = 0 needs ``range_bound``.
+    scale : float
+        Public scale of the person means (summary mode), data units.
+    k, range_bound, budget_mode, m_min :
+        See :class:`~dplib.mean.univariate.UnivariateMeanPlan`.
+    noise : NoiseSource, optional
+        Default: the secure OpenDP source. Pass ``SeededNoise(seed)`` only in tests.
+    salt_hex : str, optional
+        Salt of the group hash; default a fresh CSPRNG salt. Never reuse a salt across releases.
+
+    Returns
+    -------
+    MeanRelease
+
+    Privacy
+    -------
+    (epsilon, delta)-DP under add/remove of one person's records (see
+    :func:`~dplib.mean.univariate.univariate_person_mean`).
+
+    References
+    ----------
+    Agarwal et al. 2024, Theorem 3.14; ``../shared/specs/person_level_mean.md`` §2.1-2.3.
+    """
+    plan = UnivariateMeanPlan(
+        budget=Budget(epsilon, delta),
+        scale=scale,
+        k=k,
+        m=1,
+        range_bound=range_bound,
+        budget_mode=budget_mode,  # type: ignore[arg-type]
+    )
+    ids, means = person_means(values, person_ids, m_min=m_min)
+    salt = salt_hex if salt_hex is not None else new_salt()
+    backend = NumpyAggregates({"value": means}, group_index(ids, salt))
+    return univariate_person_mean(
+        backend, "value", plan, noise if noise is not None else production_noise(), Accountant(plan.budget)
+    )

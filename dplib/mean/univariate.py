@@ -1,0 +1,401 @@
+"""Univariate person-level mean: coarse RangeEstimator, then centred clip-and-noise.
+
+Agarwal, Kamath, Majid, Mouzakis, Silver, Ullman 2024, *Private Mean Estimation with
+Person-Level Differential Privacy*: Algorithm 1 (RangeEstimator, Theorem 3.10), the fine
+estimate of Lemma 3.12 and their assembly in Theorem 3.14, as reconstructed in
+``../shared/specs/person_level_mean.md`` §2.1-2.3, with the add/remove adaptations of §6.1
+decided in ``../shared/DESIGN.md``.
+
+Steps (names follow the spec):
+
+1. Split the statistic's persons into two fixed hash ranges: A (coarse) and B (fine).
+2. ``mu_c <- RangeEstimator(A)``: a private histogram of person means with bin width
+   ``r = c_r(k) s / sqrt(m)``; the midpoint of the noisy argmax bin. Approximate DP (delta > 0):
+   thresholded histogram over the infinite lattice; pure DP: Laplace on every bin of
+   ``[-R - 2r, R + 2r]``. No bin above the threshold -> status ``INSUFFICIENT_DATA``.
+3. ``u = 1.5 r``; ``rho = u + s * max(1-ish floor, (n_B eps_B)^(1/k) / m^(1-1/k))`` with a DP
+   estimate of ``n_B`` read off the coarse histogram's noisy counts (post-processing).
+4. Release ``(sum_{i in B} (trunc(Y_i) - mu_c), c * n_B)`` with Laplace noise of scale
+   ``(rho + c) / eps_B`` (l1 sensitivity ``rho + c`` under add/remove; ``c`` from
+   :func:`count_weight`), and
+   return ``mu_c + S~ / max(N~, 1)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from scipy.optimize import brentq
+
+from dplib.aggregates import Aggregates
+from dplib.budget import Accountant, Budget, Charge, composed_cost
+from dplib.errors import InvalidParameterError
+from dplib.groups import ALL_PERSONS, GroupRange
+from dplib.mean.params import check_moment_order, coarse_bin_width, fine_radius
+from dplib.mechanisms import NoiseSource, laplace_mechanism, pure_dp_histogram, thresholded_histogram
+
+ALGORITHM = "agarwal2024-univariate-person-mean"
+ALGORITHM_VERSION = "1"
+STATUS_OK = "OK"
+STATUS_INSUFFICIENT = "INSUFFICIENT_DATA"
+#: Largest number of bins of the pure-DP coarse histogram (``(2R + 4r) / r``).
+MAX_PURE_BINS = 1_000_000
+ERROR_LEVEL = 0.90
+
+
+@dataclass(frozen=True)
+class UnivariateMeanPlan:
+    """The public plan of one univariate person-level mean: groups, budgets, bin width.
+
+    Built from public inputs only, before any data is read; :meth:`charges` is the privacy cost.
+
+    Parameters
+    ----------
+    budget : Budget
+        The statistic's budget (epsilon, delta). delta > 0 selects the thresholded (approximate
+        DP) coarse histogram; delta == 0 the pure one, which needs ``range_bound``.
+    scale : float
+        Public scale ``s`` in data units: a bound on ``(E|Y - mu|^k)^(1/k)`` for person means
+        (summary mode, m = 1) or for single records (``m > 1``, records i.i.d. within persons).
+    k : float, default 4
+        Moment order (>= 2, or inf).
+    m : int, default 1
+        Records per person used in the formulas (1 in summary mode; ``m_min`` otherwise).
+    range_bound : float, optional
+        Public bound R with ``|mu| <= R`` (pure DP only).
+    budget_mode : {"parallel", "sequential"}
+        ``parallel`` (default): each stage gets the whole budget, valid because the stages read
+        disjoint fixed hash ranges (add/remove neighbouring). ``sequential``: epsilon/2 each.
+    coarse_fraction : float, default 0.25
+        Share of the hash range given to the coarse stage. The paper leaves it open (spec P8
+        proposes 1/2); on flights 1/4 gave 1.6x smaller errors (benchmarks/demo_accuracy.py):
+        the coarse histogram needs only a few multiples of its threshold.
+    group : GroupRange, default all persons
+        The persons this statistic may read.
+
+    Raises
+    ------
+    InvalidParameterError
+        On any parameter outside its range, or a pure-DP plan without ``range_bound``.
+    """
+
+    budget: Budget
+    scale: float
+    k: float = 4.0
+    m: int = 1
+    range_bound: float | None = None
+    budget_mode: Literal["parallel", "sequential"] = "parallel"
+    coarse_fraction: float = 0.25
+    group: GroupRange = ALL_PERSONS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, Budget):
+            raise InvalidParameterError("budget must be a dplib.budget.Budget")
+        if not (isinstance(self.scale, (int, float)) and math.isfinite(self.scale) and self.scale > 0):
+            raise InvalidParameterError(f"scale must be finite and > 0, got {self.scale!r}")
+        object.__setattr__(self, "k", check_moment_order(self.k))
+        if isinstance(self.m, bool) or int(self.m) != self.m or self.m < 1:
+            raise InvalidParameterError(f"m must be an integer >= 1, got {self.m!r}")
+        if self.budget_mode not in ("parallel", "sequential"):
+            raise InvalidParameterError(
+                f"budget_mode must be 'parallel' or 'sequential', got {self.budget_mode!r}"
+            )
+        if not (0.05 <= float(self.coarse_fraction) <= 0.95):
+            raise InvalidParameterError(
+                f"coarse_fraction must be in [0.05, 0.95], got {self.coarse_fraction!r}"
+            )
+        if self.budget.delta == 0.0:
+            if self.range_bound is None:
+                raise InvalidParameterError(
+                    "delta = 0 (pure DP) needs a public range_bound R with |mean| <= R; "
+                    "give one, or use delta > 0"
+                )
+            if not (math.isfinite(self.range_bound) and self.range_bound > 0):
+                raise InvalidParameterError(f"range_bound must be finite and > 0, got {self.range_bound!r}")
+            if self.n_pure_bins > MAX_PURE_BINS:
+                raise InvalidParameterError(
+                    f"range_bound / bin width gives {self.n_pure_bins} bins (max {MAX_PURE_BINS}); "
+                    "use a smaller range_bound or delta > 0"
+                )
+
+    # ----- public quantities -------------------------------------------------------------
+    @property
+    def coarse_group(self) -> GroupRange:
+        return self.group.split([self.coarse_fraction, 1.0 - self.coarse_fraction])[0]
+
+    @property
+    def fine_group(self) -> GroupRange:
+        return self.group.split([self.coarse_fraction, 1.0 - self.coarse_fraction])[1]
+
+    @property
+    def bin_width(self) -> float:
+        """Coarse bin width r, data units."""
+        return coarse_bin_width(self.scale, self.k, self.m)
+
+    @property
+    def coarse_error_bound(self) -> float:
+        """A-priori bound u = 1.5 r on |mu_c - mu| (midpoint of a bin within mu +- 2r)."""
+        return 1.5 * self.bin_width
+
+    @property
+    def n_pure_bins(self) -> int:
+        r = coarse_bin_width(self.scale, self.k, self.m)
+        return int(math.ceil((2.0 * float(self.range_bound) + 4.0 * r) / r))
+
+    @property
+    def coarse_budget(self) -> Budget:
+        eps = self.budget.epsilon if self.budget_mode == "parallel" else self.budget.epsilon / 2
+        return Budget(eps, self.budget.delta)
+
+    @property
+    def fine_budget(self) -> Budget:
+        eps = self.budget.epsilon if self.budget_mode == "parallel" else self.budget.epsilon / 2
+        return Budget(eps, 0.0)
+
+    def charges(self, prefix: str = "") -> list[Charge]:
+        """The charges this plan makes, in order: the privacy cost before any data is read."""
+        return [
+            Charge(f"{prefix}coarse range estimator", self.coarse_budget, self.coarse_group),
+            Charge(f"{prefix}fine clip-and-noise", self.fine_budget, self.fine_group),
+        ]
+
+    def cost(self) -> Budget:
+        """The composed cost of :meth:`charges` (equals ``budget`` in both modes)."""
+        eps, delta = composed_cost(self.charges())
+        return Budget(eps, delta) if eps > 0 else self.budget
+
+    def describe(self) -> dict:
+        """Public parameters, JSON-friendly (no data-dependent value)."""
+        return {
+            "budget_mode": self.budget_mode,
+            "k": self.k,
+            "m": self.m,
+            "scale": self.scale,
+            "range_bound": self.range_bound,
+            "coarse_group": [self.coarse_group.lo, self.coarse_group.hi],
+            "fine_group": [self.fine_group.lo, self.fine_group.hi],
+            "coarse_epsilon": self.coarse_budget.epsilon,
+            "coarse_delta": self.coarse_budget.delta,
+            "fine_epsilon": self.fine_budget.epsilon,
+            "bin_width": self.bin_width,
+            "coarse_error_bound": self.coarse_error_bound,
+            "coarse_histogram": "pure (Laplace on all bins)" if self.budget.delta == 0 else "thresholded",
+        }
+
+
+@dataclass(frozen=True)
+class MeanRelease:
+    """What the univariate estimator releases. Every number in it is DP or public.
+
+    Attributes
+    ----------
+    status : "OK" or "INSUFFICIENT_DATA"
+    estimate : float or None
+        The private mean, data units (None unless status is OK).
+    error_bar : float or None
+        Half-width of a ``error_level`` interval for the noise of the fine stage (see
+        ``error_covers``), data units.
+    noise_scale : float or None
+        Laplace scale of the released centred sum, data units.
+    epsilon, delta : float
+        Composed cost actually charged (the coarse stage alone when it found no bin).
+    parameters : dict
+        Public plan parameters plus DP by-products (coarse centre, radius, noisy count).
+    """
+
+    status: str
+    estimate: float | None
+    error_bar: float | None
+    error_level: float
+    error_covers: str
+    noise_scale: float | None
+    epsilon: float
+    delta: float
+    parameters: dict = field(default_factory=dict)
+
+
+def count_weight(rho: float, u: float) -> float:
+    """Weight ``c`` of the count released beside the centred sum: ``(S, c n)``.
+
+    The l1 sensitivity is ``rho + c``; the error of ``mu_c + S~/N~`` is about
+    ``(e_S - d e_N) / n`` with ``d = mean(trunc(Y)) - mu_c``, ``|d| <= u + ...``, Laplace scales
+    ``(rho + c)/eps`` and ``(rho + c)/(c eps)``. Its variance ``(rho + c)^2 (1 + d^2/c^2)`` is
+    smallest at ``c = (d^2 rho)^(1/3)``; we plug in the public worst case ``d = u``. Accuracy
+    only (public inputs); privacy uses whatever ``c`` is chosen. (Spec §6.1 proposes rho/8.)
+    """
+    return float(max((u * u * rho) ** (1.0 / 3.0), rho / 8.0))
+
+
+def _diff_of_laplace_quantile(b1: float, b2: float, level: float) -> float:
+    """``t`` with ``P(|X - w Y| <= t) = level`` for X ~ Lap(b1), wY ~ Lap(b2) independent.
+
+    Tail of the sum of two independent Laplace variables (scales a != b):
+    ``P(|Z| > t) = (a^2 e^{-t/a} - b^2 e^{-t/b}) / (a^2 - b^2)``; for a == b it is
+    ``e^{-t/a} (1 + t / (2a))``.
+    """
+    a, b = max(b1, 0.0), max(b2, 0.0)
+    if b == 0.0 or a == 0.0:
+        scale = a if b == 0.0 else b
+        return -scale * math.log(1.0 - level)
+
+    def tail(t: float) -> float:
+        if abs(a - b) <= 1e-9 * max(a, b):
+            return math.exp(-t / a) * (1.0 + t / (2.0 * a))
+        return (a * a * math.exp(-t / a) - b * b * math.exp(-t / b)) / (a * a - b * b)
+
+    hi = 50.0 * (a + b)
+    return float(brentq(lambda t: tail(t) - (1.0 - level), 0.0, hi))
+
+
+def range_estimator(
+    backend: Aggregates,
+    column: str,
+    plan: UnivariateMeanPlan,
+    noise: NoiseSource,
+) -> tuple[float | None, float]:
+    """RangeEstimator (Algorithm 1, Theorem 3.10) on the coarse group: the noisy-argmax bin.
+
+    Returns ``(mu_c or None, n_hat)`` where ``n_hat`` is the sum of the released noisy counts,
+    a DP (post-processed) estimate of the coarse group's size used only to set the radius.
+    The caller must have charged ``plan.coarse_budget`` on ``plan.coarse_group``.
+
+    Privacy
+    -------
+    (eps_A, delta_A)-DP under add/remove: thresholded histogram (delta > 0) or Laplace on all
+    bins of ``[-R - 2r, R + 2r]`` (delta = 0); only the argmax bin and the noisy total leave.
+    """
+    r = plan.bin_width
+    eps, delta = plan.coarse_budget.epsilon, plan.coarse_budget.delta
+    if delta > 0:
+        counts = backend.histogram(column, r, 0.0, plan.coarse_group)
+        released, _, _ = thresholded_histogram(counts, eps, delta, noise)
+        if not released:
+            return None, 0.0
+        j_star = min(released, key=lambda j: (-released[j], j))
+        n_hat = float(sum(max(v, 0.0) for v in released.values()))
+        return (j_star + 0.5) * r, n_hat
+    R = float(plan.range_bound)
+    offset = -R - 2.0 * r
+    n_bins = plan.n_pure_bins
+    clamp = (offset, offset + (n_bins - 0.5) * r)
+    sparse = backend.histogram(column, r, offset, plan.coarse_group, clamp=clamp)
+    dense = np.zeros(n_bins)
+    for j, c in sparse.items():
+        dense[j] = c
+    noisy, _ = pure_dp_histogram(dense, eps, noise)
+    j_star = int(np.argmax(noisy))  # first maximum: ties go to the smallest j
+    n_hat = float(max(np.sum(noisy), 0.0))
+    return offset + (j_star + 0.5) * r, n_hat
+
+
+def univariate_person_mean(
+    backend: Aggregates,
+    column: str,
+    plan: UnivariateMeanPlan,
+    noise: NoiseSource,
+    accountant: Accountant | None = None,
+    stage_prefix: str = "",
+) -> MeanRelease:
+    """Private mean over persons of each person's mean of ``column``.
+
+    Parameters
+    ----------
+    backend : Aggregates
+        Exact aggregates over person summaries (numpy or Spark backend).
+    column : str
+        The value column; a person's value is the mean of their usable records of it.
+    plan : UnivariateMeanPlan
+        Public parameters (budget, scale, k, m, groups).
+    noise : NoiseSource
+        :class:`~dplib.mechanisms.SecureNoise` for releases; ``SeededNoise`` in tests.
+    accountant : Accountant, optional
+        Charged before each stage draws noise. Default: a fresh one limited to ``plan.budget``.
+
+    Returns
+    -------
+    MeanRelease
+        Estimate in data units with a 90% noise error bar, or status ``INSUFFICIENT_DATA``.
+
+    Raises
+    ------
+    BudgetExceededError
+        If the accountant cannot cover a stage (raised before that stage's noise is drawn).
+
+    Privacy
+    -------
+    Neighbours: add/remove all records of one person. The coarse stage is (eps_A, delta)-DP on
+    group A, the fine stage eps_B-DP on group B (Laplace, l1 sensitivity ``rho + c`` of the
+    centred truncated sum and the weighted count). Parallel mode: (eps, delta) overall because
+    A and B are disjoint fixed hash ranges; sequential mode: (eps/2 + eps/2, delta).
+
+    References
+    ----------
+    Agarwal et al. 2024, Algorithm 1, Lemma 3.12, Theorem 3.14; spec §2.1-2.3, §6.1.
+    """
+    accountant = accountant if accountant is not None else Accountant(plan.budget)
+    # Verify the whole plan fits before spending anything.
+    accountant.check(plan.charges(stage_prefix))
+    start = len(accountant.charges)
+    params = plan.describe()
+
+    accountant.charge(f"{stage_prefix}coarse range estimator", plan.coarse_budget, plan.coarse_group)
+    mu_c, n_hat_a = range_estimator(backend, column, plan, noise)
+    if mu_c is None:
+        eps, delta = composed_cost(accountant.charges[start:])
+        return MeanRelease(
+            status=STATUS_INSUFFICIENT,
+            estimate=None,
+            error_bar=None,
+            error_level=ERROR_LEVEL,
+            error_covers="none: no coarse histogram bin passed the threshold",
+            noise_scale=None,
+            epsilon=eps,
+            delta=delta,
+            parameters=params,
+        )
+
+    fine_eps = plan.fine_budget.epsilon
+    n_hat_b = n_hat_a * plan.fine_group.fraction / plan.coarse_group.fraction
+    rho = fine_radius(plan.scale, plan.k, plan.m, plan.coarse_error_bound, n_hat_b * fine_eps)
+    c = count_weight(rho, plan.coarse_error_bound)
+
+    accountant.charge(f"{stage_prefix}fine clip-and-noise", plan.fine_budget, plan.fine_group)
+    exact_sum, exact_count = backend.clipped_sum([column], np.array([mu_c]), rho, plan.fine_group)
+    noisy, scale = laplace_mechanism(
+        np.array([float(exact_sum[0]), c * exact_count]), rho + c, fine_eps, noise
+    )
+    del exact_sum, exact_count
+    s_noisy, n_noisy = float(noisy[0]), float(noisy[1]) / c
+    denom = max(n_noisy, 1.0)
+    deviation = s_noisy / denom
+    estimate = mu_c + deviation
+    # Noise-only error: (e_S - d * e_N) / N~ with e_S ~ Lap(scale), e_N ~ Lap(scale / c), and the
+    # released deviation d as plug-in for the true clipped deviation (post-processing).
+    half = _diff_of_laplace_quantile(scale, abs(deviation) * scale / c, ERROR_LEVEL) / denom
+    eps, delta = composed_cost(accountant.charges[start:])
+    params.update(
+        {
+            "coarse_center": mu_c,
+            "clipping_radius": rho,
+            "count_weight": c,
+            "noisy_person_count": round(n_noisy, 1),
+            "person_count_noise_scale": scale / c,
+        }
+    )
+    return MeanRelease(
+        status=STATUS_OK,
+        estimate=float(estimate),
+        error_bar=float(half),
+        error_level=ERROR_LEVEL,
+        error_covers=(
+            "Laplace noise of the fine stage only (sum and count), at 90%; not the clipping "
+            "bias nor the sampling of persons into the fine group"
+        ),
+        noise_scale=scale,
+        epsilon=eps,
+        delta=delta,
+        parameters=params,
+    )

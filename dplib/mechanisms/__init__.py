@@ -1,0 +1,26 @@
+"""Mechanisms: noise sources, Laplace / Gaussian mechanisms, private histograms."""
+
+from dplib.mechanisms.basic import (
+    analytic_gaussian_delta,
+    gaussian_mechanism,
+    gaussian_sigma,
+    laplace_mechanism,
+    laplace_scale,
+)
+from dplib.mechanisms.histograms import pure_dp_histogram, stability_threshold, thresholded_histogram
+from dplib.mechanisms.noise import NoiseSource, SecureNoise, SeededNoise, production_noise
+
+__all__ = [
+    "NoiseSource",
+    "SecureNoise",
+    "SeededNoise",
+    "production_noise",
+    "laplace_mechanism",
+    "laplace_scale",
+    "gaussian_mechanism",
+    "gaussian_sigma",
+    "analytic_gaussian_delta",
+    "pure_dp_histogram",
+    "stability_threshold",
+    "thresholded_histogram",
+]

@@ -1,0 +1,100 @@
+"""The Spark backend of :mod:`dplib.aggregates`.
+
+Each call is one Spark aggregation over the cached person summaries and brings back O(d + bins)
+numbers: never a per-person row. The arithmetic mirrors :class:`dplib.aggregates.NumpyAggregates`
+operation for operation (both backends pass ``tests/spark/test_backend_contract.py``). No noise
+is added here; exact answers go only to the estimators, which noise them on the driver.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from dplib.aggregates import check_clip_args, histogram_clamp
+from dplib.groups import GroupRange
+
+
+class SparkAggregates:
+    """Aggregates over a person-summary DataFrame (see :func:`spark_jobs.summarize.summarize`).
+
+    Parameters
+    ----------
+    summary : pyspark DataFrame
+        Columns ``_group`` and one column per value column (null = person has no value).
+
+    Attributes
+    ----------
+    rows_collected : int
+        Rows brought back to the driver by all calls so far (for tests and logs).
+    """
+
+    def __init__(self, summary) -> None:
+        self._df = summary
+        self.rows_collected = 0
+        self.calls = 0
+
+    def _collect(self, df) -> list:
+        rows = df.collect()
+        self.rows_collected += len(rows)
+        self.calls += 1
+        return rows
+
+    def _where(self, columns: Sequence[str], group: GroupRange):
+        from pyspark.sql import functions as F
+
+        lo, hi = group.bounds
+        cond = (F.col("_group") >= F.lit(lo)) & (F.col("_group") < F.lit(hi))
+        for c in columns:
+            if c not in self._df.columns:
+                from dplib.errors import InvalidParameterError
+
+                raise InvalidParameterError(f"unknown column {c!r}; the summaries hold {self._df.columns}")
+            cond = cond & F.col(c).isNotNull()
+        return self._df.where(cond)
+
+    def count(self, columns: Sequence[str], group: GroupRange) -> int:
+        from pyspark.sql import functions as F
+
+        rows = self._collect(self._where(columns, group).agg(F.count(F.lit(1)).alias("n")))
+        return int(rows[0]["n"])
+
+    def histogram(
+        self,
+        column: str,
+        bin_width: float,
+        offset: float,
+        group: GroupRange,
+        clamp: tuple[float, float] | None = None,
+    ) -> dict[int, int]:
+        from pyspark.sql import functions as F
+
+        lo, hi = histogram_clamp(bin_width, offset, clamp)
+        y = F.least(F.greatest(F.col(column), F.lit(lo)), F.lit(hi))
+        b = F.floor((y - F.lit(float(offset))) / F.lit(float(bin_width))).cast("long").alias("bin")
+        rows = self._collect(self._where([column], group).select(b).groupBy("bin").count())
+        return {int(r["bin"]): int(r["count"]) for r in rows}
+
+    def clipped_sum(
+        self, columns: Sequence[str], center: np.ndarray, radius: float, group: GroupRange
+    ) -> tuple[np.ndarray, int]:
+        from pyspark.sql import functions as F
+
+        c = check_clip_args(columns, center, radius)
+        rho = F.lit(float(radius))
+        diffs = [F.col(col) - F.lit(float(cj)) for col, cj in zip(columns, c)]
+        if len(columns) == 1:
+            devs = [F.least(F.greatest(diffs[0], -rho), rho)]
+        else:
+            scale = F.greatest(*[F.abs(d) for d in diffs])
+            safe = F.when(scale > 0, scale).otherwise(F.lit(1.0))
+            norm = scale * F.sqrt(sum((d / safe) * (d / safe) for d in diffs))
+            factor = F.when(norm > rho, rho / F.when(norm > 0, norm).otherwise(F.lit(1.0))).otherwise(F.lit(1.0))
+            devs = [d * factor for d in diffs]
+        aggs = [F.sum(d).alias(f"s{j}") for j, d in enumerate(devs)] + [F.count(F.lit(1)).alias("n")]
+        row = self._collect(self._where(columns, group).agg(*aggs))[0]
+        n = int(row["n"])
+        if n == 0:
+            return np.zeros(len(columns)), 0
+        return np.array([float(row[f"s{j}"]) for j in range(len(columns))]), n

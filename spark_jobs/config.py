@@ -1,0 +1,280 @@
+"""Job configuration: YAML validated into typed, frozen objects (pydantic v2).
+
+Errors name the field path and the allowed values, e.g.
+``budget.epsilon: must be finite and > 0 (got -1.0)``. See ``conf/examples/flights.yaml``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dplib.errors import ConfigError
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class InputConfig(_Frozen):
+    """Where the records are. ``format``: parquet, delta or csv (csv with a header row)."""
+
+    path: str = Field(min_length=1)
+    format: Literal["parquet", "delta", "csv"] = "parquet"
+    dataset: str | None = Field(default=None, description="dataset name recorded in the release")
+    csv_options: dict[str, str] = Field(default_factory=lambda: {"header": "true"})
+
+
+class PrivacyUnitConfig(_Frozen):
+    """The privacy unit: one person = all records sharing a value of ``column``.
+
+    Records whose id is null, or equal (after trimming) to one of ``null_values``, are dropped:
+    there is no person to attribute them to.
+    """
+
+    column: str = Field(min_length=1)
+    null_values: tuple[str, ...] = ("", "NA", "null", "NULL", "None")
+
+
+class BudgetConfig(_Frozen):
+    """Total budget of one run (add/remove one person), and how stages compose.
+
+    ``budget_mode``: ``parallel`` (stages on disjoint fixed hash ranges each get the statistic's
+    whole share; default) or ``sequential`` (the paper's split).
+    """
+
+    epsilon: float
+    delta: float = 1e-6
+    budget_mode: Literal["parallel", "sequential"] = "parallel"
+
+    @field_validator("epsilon")
+    @classmethod
+    def _eps(cls, v: float) -> float:
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(f"must be finite and > 0 (got {v!r})")
+        return v
+
+    @field_validator("delta")
+    @classmethod
+    def _delta(cls, v: float) -> float:
+        if not math.isfinite(v) or not (0.0 <= v < 1.0):
+            raise ValueError(f"must be in [0, 1) (got {v!r})")
+        return v
+
+
+class MeanOptions(_Frozen):
+    """Options of the person-level mean (``kind: mean``).
+
+    ``scale``: public scale of the person means, data units (a bound on the k-th moment root of
+    how far a person's mean sits from the mean over persons). ``range_bound``: public R with
+    ``|mean| <= R``, needed only when delta = 0. ``k``: moment order.
+    """
+
+    scale: float
+    k: float = 4.0
+    range_bound: float | None = None
+    coarse_fraction: float = 0.25
+
+    @field_validator("scale")
+    @classmethod
+    def _scale(cls, v: float) -> float:
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(f"must be finite and > 0, in data units (got {v!r})")
+        return v
+
+    @field_validator("k")
+    @classmethod
+    def _k(cls, v: float) -> float:
+        if math.isnan(v) or v < 2:
+            raise ValueError(f"must be >= 2 or .inf (got {v!r})")
+        return v
+
+    @field_validator("range_bound")
+    @classmethod
+    def _r(cls, v: float | None) -> float | None:
+        if v is not None and (not math.isfinite(v) or v <= 0):
+            raise ValueError(f"must be finite and > 0 (got {v!r})")
+        return v
+
+    @field_validator("coarse_fraction")
+    @classmethod
+    def _cf(cls, v: float) -> float:
+        if not (0.05 <= v <= 0.95):
+            raise ValueError(f"must be in [0.05, 0.95] (got {v!r})")
+        return v
+
+
+class StatisticConfig(_Frozen):
+    """One released statistic. ``share``: its fraction of the run's budget (sequential
+    composition across statistics, which all read the same persons)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    kind: Literal["mean"]
+    columns: tuple[str, ...] = Field(min_length=1)
+    share: float
+    options: MeanOptions
+
+    @field_validator("share")
+    @classmethod
+    def _share(cls, v: float) -> float:
+        if not math.isfinite(v) or not (0 < v <= 1):
+            raise ValueError(f"must be in (0, 1] (got {v!r})")
+        return v
+
+    @model_validator(mode="after")
+    def _univariate(self) -> "StatisticConfig":
+        if self.kind == "mean" and len(self.columns) != 1:
+            raise ValueError(
+                f"kind 'mean' takes exactly one column (got {list(self.columns)}); "
+                "list one statistic per column"
+            )
+        return self
+
+
+class SummaryConfig(_Frozen):
+    """Per-person reduction: persons with fewer than ``m_min`` usable records of a column are
+    dropped from that column's statistics."""
+
+    m_min: int = Field(default=1, ge=1)
+
+
+class OutputConfig(_Frozen):
+    """Where releases go: the Delta table ``<path>/releases``."""
+
+    path: str = Field(min_length=1)
+
+
+class SparkConfig(_Frozen):
+    """Spark settings. ``master`` is used only when the job is not run by spark-submit (which
+    passes its own master)."""
+
+    master: str = "local[2]"
+    app_name: str = "person-dp"
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class JobConfig(_Frozen):
+    """A whole job: input, privacy unit, budget, statistics, output, Spark.
+
+    An input source without a single row is refused (``InputDataError``) before any budget is
+    spent; that error reveals only that the source is empty.
+    """
+
+    job_name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    input: InputConfig
+    privacy_unit: PrivacyUnitConfig
+    budget: BudgetConfig
+    statistics: tuple[StatisticConfig, ...] = Field(min_length=1)
+    summary: SummaryConfig = SummaryConfig()
+    output: OutputConfig
+    spark: SparkConfig = SparkConfig()
+
+    @model_validator(mode="after")
+    def _shares(self) -> "JobConfig":
+        total = math.fsum(s.share for s in self.statistics)
+        if total > 1.0 + 1e-12:
+            raise ValueError(
+                f"statistics shares sum to {total:.6g}, more than the whole budget (1.0)"
+            )
+        names = [s.name for s in self.statistics]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"statistic names must be unique; repeated: {dup}")
+        for s in self.statistics:
+            if self.budget.delta == 0 and s.options.range_bound is None:
+                raise ValueError(
+                    f"statistic {s.name!r}: budget.delta = 0 (pure DP) needs options.range_bound"
+                )
+            if self.privacy_unit.column in s.columns:
+                raise ValueError(f"statistic {s.name!r} uses the privacy unit column as a value")
+        return self
+
+    def config_hash(self) -> str:
+        """SHA-256 of the canonical JSON of the validated config (first 16 hex chars)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def value_columns(self) -> list[str]:
+        """Every value column any statistic reads, in order of first use."""
+        out: list[str] = []
+        for s in self.statistics:
+            for c in s.columns:
+                if c not in out:
+                    out.append(c)
+        return out
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "literal_error":
+            msg = f"{msg} (got {e.get('input')!r})"
+        elif e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        lines.append(f"  {loc}: {msg}")
+    return "invalid job config:\n" + "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any] | Any) -> JobConfig:
+    """Validate a mapping into a :class:`JobConfig`.
+
+    Raises
+    ------
+    ConfigError
+        Naming every field that is wrong and the allowed values.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"a job config must be a mapping at the top level, got {type(data).__name__}")
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err)) from err
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``dotted.key=value`` overrides (values parsed as YAML scalars) to a config mapping."""
+    out = json.loads(json.dumps(data))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like dotted.key=value")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = out
+        for p in parts[:-1]:
+            if p.isdigit() and isinstance(node, list):
+                node = node[int(p)]
+            else:
+                node = node.setdefault(p, {})
+        last = parts[-1]
+        value = yaml.safe_load(raw)
+        if last.isdigit() and isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return out
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
+    """Read a YAML job config, apply ``dotted.key=value`` overrides, validate.
+
+    Raises
+    ------
+    ConfigError
+        If the file is missing, is not YAML, or does not validate.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {p} is not valid YAML: {err}") from err
+    return parse_config(apply_overrides(data or {}, overrides or []))

@@ -1,0 +1,101 @@
+"""Readers for the records table and validation of its schema.
+
+Validation happens before any budget is spent and names the column and the rule broken.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+from dplib.errors import InputDataError
+
+log = logging.getLogger("person_dp.io")
+
+NUMERIC_TYPES = ("ByteType", "ShortType", "IntegerType", "LongType", "FloatType", "DoubleType", "DecimalType")
+ID_TYPES = ("StringType", "ByteType", "ShortType", "IntegerType", "LongType", "VarcharType", "CharType")
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Where the input came from: path, format, and a Delta version or a file fingerprint."""
+
+    path: str
+    format: str
+    delta_version: int | None
+    fingerprint: str | None
+
+
+def read_records(spark, path: str, fmt: str, csv_options: dict[str, str] | None = None):
+    """Read the records table. ``fmt``: parquet, delta or csv (header row; schema inferred).
+
+    Raises
+    ------
+    InputDataError
+        If the path does not exist or cannot be read in that format.
+    """
+    try:
+        if fmt == "parquet":
+            return spark.read.parquet(path)
+        if fmt == "delta":
+            return spark.read.format("delta").load(path)
+        if fmt == "csv":
+            opts = {"header": "true", "inferSchema": "true", "nullValue": ""}
+            opts.update(csv_options or {})
+            return spark.read.options(**opts).csv(path)
+    except Exception as err:  # AnalysisException and friends: name the input
+        msg = str(err).splitlines()[0][:300]
+        raise InputDataError(f"cannot read input.path {path!r} as {fmt}: {msg}") from err
+    raise InputDataError(f"input.format must be parquet, delta or csv, got {fmt!r}")
+
+
+def validate_schema(df, unit_column: str, value_columns: list[str]) -> None:
+    """Check the columns exist with usable types.
+
+    Raises
+    ------
+    InputDataError
+        Missing column (listing the ones present), a value column that is not numeric, or a
+        privacy-unit column that is not a string or integer.
+    """
+    fields = {f.name: f for f in df.schema.fields}
+    for col in [unit_column] + value_columns:
+        if col not in fields:
+            raise InputDataError(f"column {col!r} not found in the input; it has {sorted(fields)}")
+    unit_type = type(fields[unit_column].dataType).__name__
+    if unit_type not in ID_TYPES:
+        raise InputDataError(
+            f"privacy unit column {unit_column!r} has type {fields[unit_column].dataType.simpleString()}; "
+            "expected a string or integer id"
+        )
+    for col in value_columns:
+        t = type(fields[col].dataType).__name__
+        if t not in NUMERIC_TYPES:
+            raise InputDataError(
+                f"value column {col!r} has type {fields[col].dataType.simpleString()}; expected a numeric type"
+            )
+
+
+def check_not_empty(df, path: str) -> None:
+    """Refuse an input source without a single row (reveals only emptiness; no count)."""
+    if not df.limit(1).take(1):
+        raise InputDataError(f"input.path {path!r} holds no rows")
+
+
+def lineage(spark, df, path: str, fmt: str) -> Lineage:
+    """Delta version of a Delta input; for files, SHA-256 over (name, size, mtime) of every input
+    file (local files) or over the file names (remote)."""
+    if fmt == "delta":
+        row = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").select("version").collect()
+        return Lineage(path, fmt, int(row[0][0]) if row else None, None)
+    h = hashlib.sha256()
+    for uri in sorted(df.inputFiles()):
+        parsed = urlparse(uri)
+        h.update(uri.encode())
+        if parsed.scheme in ("", "file") and os.path.exists(parsed.path):
+            st = os.stat(parsed.path)
+            h.update(f":{st.st_size}:{int(st.st_mtime)}".encode())
+    return Lineage(path, fmt, None, h.hexdigest()[:32])

@@ -1,0 +1,228 @@
+"""The release job: records -> person summaries -> private estimates -> Delta ``releases``.
+
+Python API::
+
+    from spark_jobs.config import load_config
+    from spark_jobs.job import run_job, plan_job
+    cfg = load_config("conf/examples/flights.yaml")
+    print(plan_job(cfg).render())          # the privacy plan; reads no data
+    result = run_job(cfg)                  # one Delta commit of releases
+    for row in result.rows: print(row.statistic, row.estimate, row.error_bar)
+
+Order of work (verify, then charge, then release): validate the config and its whole privacy
+plan against the budget -> read and validate the input schema -> summarize (one Spark pass,
+cached) -> per statistic: charge each stage to the accountant, then draw its noise -> write
+all release rows in one Delta commit. A failure before the commit writes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from dplib.budget import Accountant, Budget, Charge, composed_cost
+from dplib.groups import new_salt
+from dplib.mean.univariate import ALGORITHM, ALGORITHM_VERSION, UnivariateMeanPlan, univariate_person_mean
+from dplib.mechanisms import NoiseSource, production_noise
+from spark_jobs import __version__
+from spark_jobs.config import JobConfig, StatisticConfig
+from spark_jobs.release import ReleaseRow, to_json, write_releases
+
+log = logging.getLogger("person_dp.job")
+
+ESTIMAND_MEAN = "mean over persons of each person's mean of {col} (persons weighted equally)"
+
+
+def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> UnivariateMeanPlan:
+    """The public plan of one statistic, from the config alone."""
+    total = Budget(cfg.budget.epsilon, cfg.budget.delta)
+    return UnivariateMeanPlan(
+        budget=total.scaled(stat.share),
+        scale=stat.options.scale,
+        k=stat.options.k,
+        m=1,
+        range_bound=stat.options.range_bound,
+        budget_mode=cfg.budget.budget_mode,
+        coarse_fraction=stat.options.coarse_fraction,
+    )
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """The whole run's privacy plan: every stage, its persons and its budget."""
+
+    config: JobConfig
+    plans: dict[str, UnivariateMeanPlan]
+    charges: list[Charge]
+
+    @property
+    def cost(self) -> tuple[float, float]:
+        return composed_cost(self.charges)
+
+    def render(self) -> str:
+        """Human-readable plan (what ``--dry-run`` prints)."""
+        cfg = self.config
+        eps, delta = self.cost
+        lines = [
+            f"job {cfg.job_name}: privacy unit = {cfg.privacy_unit.column!r} "
+            f"(neighbours: add/remove all records of one person)",
+            f"input: {cfg.input.path} ({cfg.input.format})",
+            f"budget: epsilon={cfg.budget.epsilon:g}, delta={cfg.budget.delta:g}, mode={cfg.budget.budget_mode}",
+            "stages (persons = fixed range of a keyed hash of the id):",
+        ]
+        for c in self.charges:
+            lines.append(
+                f"  - {c.stage:<48} persons {str(c.group):<12} epsilon={c.budget.epsilon:.4g} delta={c.budget.delta:.3g}"
+            )
+        for name, p in self.plans.items():
+            lines.append(
+                f"  {name}: bin width r={p.bin_width:.4g}, coarse error bound u={p.coarse_error_bound:.4g}, k={p.k:g}"
+            )
+        lines.append(f"total cost (composed): epsilon={eps:.6g}, delta={delta:.3g}")
+        lines.append(f"output: {cfg.output.path}/releases (Delta)")
+        return "\n".join(lines)
+
+
+def plan_job(cfg: JobConfig) -> JobPlan:
+    """Build and check the privacy plan from the config alone (reads no data).
+
+    Raises
+    ------
+    BudgetExceededError
+        If the composed plan exceeds the configured budget.
+    InvalidParameterError
+        If a statistic's parameters are invalid.
+    """
+    plans = {s.name: statistic_plan(cfg, s) for s in cfg.statistics}
+    charges: list[Charge] = []
+    for name, p in plans.items():
+        charges.extend(p.charges(prefix=f"{name}: "))
+    Accountant(Budget(cfg.budget.epsilon, cfg.budget.delta)).check(charges)
+    return JobPlan(cfg, plans, charges)
+
+
+@dataclass
+class JobResult:
+    """What a run released: the rows written and where."""
+
+    run_id: str
+    table_path: str
+    rows: list[ReleaseRow] = field(default_factory=list)
+    epsilon_spent: float = 0.0
+    delta_spent: float = 0.0
+
+
+def run_job(
+    cfg: JobConfig,
+    *,
+    spark=None,
+    noise: NoiseSource | None = None,
+    run_id: str | None = None,
+) -> JobResult:
+    """Run the release job end to end.
+
+    Parameters
+    ----------
+    cfg : JobConfig
+    spark : SparkSession, optional
+        Default: :func:`spark_jobs.session.build_session` from ``cfg.spark``.
+    noise : NoiseSource, optional
+        Default: the secure OpenDP source. Tests may pass ``SeededNoise``; such rows are marked
+        ``noise_source = "seeded-numpy (NOT for release)"``.
+    run_id : str, optional
+        Default: a new UUID4.
+
+    Returns
+    -------
+    JobResult
+
+    Raises
+    ------
+    ConfigError, InputDataError, BudgetExceededError
+        Before any noise is drawn or anything is written.
+
+    Privacy
+    -------
+    (epsilon, delta)-DP overall under add/remove of one person (``cfg.budget``): statistics
+    compose sequentially by their shares; stages of one statistic compose in parallel across
+    disjoint hash ranges (or sequentially, ``budget_mode: sequential``).
+    """
+    from spark_jobs import io as sio
+    from spark_jobs.backend import SparkAggregates
+    from spark_jobs.session import build_session
+    from spark_jobs.summarize import summarize
+
+    t0 = time.monotonic()
+    job_plan = plan_job(cfg)
+    noise = noise if noise is not None else production_noise()
+    run_id = run_id or str(uuid.uuid4())
+    log.info("run %s: plan checked, cost epsilon=%.6g delta=%.3g", run_id, *job_plan.cost)
+
+    if spark is None:
+        spark = build_session(cfg.spark.master, cfg.spark.app_name, cfg.spark.conf)
+    columns = cfg.value_columns()
+    records = sio.read_records(spark, cfg.input.path, cfg.input.format, cfg.input.csv_options)
+    sio.validate_schema(records, cfg.privacy_unit.column, columns)
+    sio.check_not_empty(records, cfg.input.path)
+    lineage = sio.lineage(spark, records, cfg.input.path, cfg.input.format)
+    log.info("input validated (%s, %s)", cfg.input.path, cfg.input.format)
+
+    salt = new_salt()
+    summary = summarize(
+        records, cfg.privacy_unit.column, columns, salt, cfg.summary.m_min, cfg.privacy_unit.null_values
+    ).persist()
+    try:
+        backend = SparkAggregates(summary)
+        accountant = Accountant(Budget(cfg.budget.epsilon, cfg.budget.delta))
+        rows: list[ReleaseRow] = []
+        created = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+        for stat in cfg.statistics:
+            t1 = time.monotonic()
+            plan = job_plan.plans[stat.name]
+            rel = univariate_person_mean(backend, stat.columns[0], plan, noise, accountant, f"{stat.name}: ")
+            log.info("statistic %s: %s in %.1fs", stat.name, rel.status, time.monotonic() - t1)
+            rows.append(
+                ReleaseRow(
+                    run_id=run_id,
+                    job_name=cfg.job_name,
+                    dataset=cfg.input.dataset or cfg.input.path,
+                    input_path=lineage.path,
+                    input_format=lineage.format,
+                    input_delta_version=lineage.delta_version,
+                    input_fingerprint=lineage.fingerprint,
+                    privacy_unit=cfg.privacy_unit.column,
+                    statistic=stat.name,
+                    kind=stat.kind,
+                    columns=list(stat.columns),
+                    estimand=ESTIMAND_MEAN.format(col=stat.columns[0]),
+                    algorithm=ALGORITHM,
+                    algorithm_version=ALGORITHM_VERSION,
+                    status=rel.status,
+                    estimate=None if rel.estimate is None else [rel.estimate],
+                    estimate_shape=[1],
+                    epsilon=rel.epsilon,
+                    delta=rel.delta,
+                    neighbouring="add/remove all records of one person",
+                    noise_scale=rel.noise_scale,
+                    noise_source=noise.name,
+                    error_bar=None if rel.error_bar is None else [rel.error_bar],
+                    error_level=rel.error_level,
+                    error_covers=rel.error_covers,
+                    parameters=to_json({**rel.parameters, "m_min": cfg.summary.m_min}),
+                    config_hash=cfg.config_hash(),
+                    code_version=__version__,
+                    created_at=created,
+                )
+            )
+        table = write_releases(spark, rows, cfg.output.path)
+    finally:
+        summary.unpersist()
+    eps, delta = accountant.cost()
+    log.info(
+        "run %s: %d release row(s) committed to %s in %.1fs (spent epsilon=%.6g delta=%.3g)",
+        run_id, len(rows), table, time.monotonic() - t0, eps, delta,
+    )
+    return JobResult(run_id, table, rows, eps, delta)

@@ -1,0 +1,113 @@
+"""SparkSession with Delta Lake.
+
+- Run by ``spark-submit``: the master and the Delta jars it was given win (``--master``,
+  ``--packages`` / ``--jars``); we only add the Delta SQL extension and catalog.
+- Run locally (``person-dp run``, tests): master from the config (default ``local[2]``), and the
+  Delta jars from the local Maven repository, as listed by ``make jars`` in
+  ``build/delta-classpath.txt`` (see ``conf/delta-jars.pom.xml``). Jars that pyspark already
+  ships are left out. Without that file we fall back to ``spark.jars.packages`` (Ivy resolves
+  the Delta artifact from Maven Central at session start).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import re
+from pathlib import Path
+
+log = logging.getLogger("person_dp.session")
+
+DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
+CLASSPATH_ENV = "PERSON_DP_DELTA_CLASSPATH"
+_VERSION_SUFFIX = re.compile(r"-[0-9][^/]*\.jar$")
+
+DEFAULT_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.sql.session.timeZone": "UTC",
+}
+
+
+def _artifact(path: str) -> str:
+    return _VERSION_SUFFIX.sub("", os.path.basename(path))
+
+
+def delta_classpath_file() -> Path | None:
+    """The classpath file written by ``make jars``: ``$PERSON_DP_DELTA_CLASSPATH``, else
+    ``build/delta-classpath.txt`` under the working directory or the source checkout."""
+    env = os.environ.get(CLASSPATH_ENV)
+    candidates = [Path(env)] if env else []
+    candidates.append(Path.cwd() / "build" / "delta-classpath.txt")
+    candidates.append(Path(__file__).resolve().parent.parent / "build" / "delta-classpath.txt")
+    for c in candidates:
+        if c.is_file():
+            return c
+    return None
+
+
+def delta_jars() -> list[str]:
+    """Local Delta jars to put on ``spark.jars`` (those pyspark lacks), or [] if not fetched."""
+    cp_file = delta_classpath_file()
+    if cp_file is None:
+        return []
+    import pyspark
+
+    shipped = {_artifact(p) for p in glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "*.jar"))}
+    jars = [p for p in cp_file.read_text().strip().split(os.pathsep) if p]
+    missing = [p for p in jars if not os.path.isfile(p)]
+    if missing:
+        log.warning("delta classpath lists %d missing jar(s); run `make jars` again", len(missing))
+        return []
+    return [p for p in jars if _artifact(p) not in shipped]
+
+
+def build_session(master: str = "local[2]", app_name: str = "person-dp", conf: dict[str, str] | None = None):
+    """Get or create the SparkSession with Delta Lake configured.
+
+    Parameters
+    ----------
+    master : str
+        Used only if no master was set by spark-submit or ``spark-defaults.conf``.
+    app_name : str
+    conf : dict, optional
+        Extra Spark settings (override the defaults here).
+
+    Returns
+    -------
+    pyspark.sql.SparkSession
+    """
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    existing = SparkSession.getActiveSession()
+    if existing is not None:
+        return existing
+    preset = SparkConf()  # under spark-submit this holds --master, --packages, --conf ...
+    builder = SparkSession.builder.appName(app_name)
+    if not preset.contains("spark.master"):
+        builder = builder.master(master)
+    settings = dict(DEFAULT_CONF)
+    settings.update(conf or {})
+    has_delta = any(
+        "delta" in preset.get(k, "") for k in ("spark.jars.packages", "spark.jars")
+    ) or any("delta" in v for k, v in settings.items() if k in ("spark.jars.packages", "spark.jars"))
+    if not has_delta:
+        jars = delta_jars()
+        if jars:
+            settings["spark.jars"] = ",".join(jars)
+        else:
+            log.warning(
+                "Delta jars not found locally (run `make jars`); asking Spark to resolve %s",
+                DELTA_PACKAGE,
+            )
+            settings["spark.jars.packages"] = DELTA_PACKAGE
+    for k, v in settings.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
