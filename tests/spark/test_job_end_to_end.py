@@ -1,0 +1,185 @@
+"""The release job end to end on a flights sample: Delta written once per run, read back with
+Spark SQL and with deltalake (no Spark), values checked against a pandas oracle; bad input
+refused before anything is written."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dplib.errors import ConfigError, InputDataError
+from dplib.mechanisms import SeededNoise
+from spark_jobs.config import parse_config
+from spark_jobs.job import plan_job, run_job
+
+pytestmark = pytest.mark.spark
+
+
+def make_config(input_path, out, fmt="parquet", **budget):
+    return parse_config(
+        {
+            "job_name": "flights-test",
+            "input": {"path": str(input_path), "format": fmt, "dataset": "flights-sample"},
+            "privacy_unit": {"column": "tailnum"},
+            "budget": {"epsilon": 1.0, "delta": 1e-6, **budget},
+            "statistics": [
+                {"name": "arr", "kind": "mean", "columns": ["arr_delay"], "share": 0.5, "options": {"scale": 30}},
+                {"name": "dep", "kind": "mean", "columns": ["dep_delay"], "share": 0.5, "options": {"scale": 30}},
+            ],
+            "output": {"path": str(out)},
+        }
+    )
+
+
+def exact_person_mean(pdf: pd.DataFrame, col: str) -> tuple[float, int]:
+    """Oracle: mean over aircraft (tailnum not NA) of each aircraft's mean of col, NaN dropped."""
+    d = pdf[pdf.tailnum.notna() & ~pdf.tailnum.isin(["NA", ""]) & pdf[col].notna()]
+    per = d.groupby("tailnum")[col].mean()
+    return float(per.mean()), int(per.size)
+
+
+def test_end_to_end_seeded(spark, flights_sample, tmp_path):
+    path, pdf = flights_sample
+    cfg = make_config(path, tmp_path)
+    result = run_job(cfg, spark=spark, noise=SeededNoise(2024), run_id="run-seeded")
+    assert [r.status for r in result.rows] == ["OK", "OK"]
+    assert result.epsilon_spent == pytest.approx(1.0) and result.delta_spent == pytest.approx(1e-6)
+
+    table = str(tmp_path / "releases")
+    # Read back with Spark SQL ...
+    sql = spark.sql(
+        f"SELECT statistic, estimate[0] AS est, error_bar[0] AS bar, epsilon, delta, status, "
+        f"noise_source, privacy_unit FROM delta.`{table}` ORDER BY statistic"
+    ).collect()
+    assert [r.statistic for r in sql] == ["arr", "dep"]
+    # ... and with deltalake, without Spark
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(table)
+    assert dt.version() == 0  # one commit for the whole run
+    rel = dt.to_pandas().sort_values("statistic").reset_index(drop=True)
+    assert list(rel.statistic) == ["arr", "dep"]
+    assert rel.epsilon.sum() == pytest.approx(1.0)
+    assert (rel.privacy_unit == "tailnum").all() and (rel.run_id == "run-seeded").all()
+    assert rel.noise_source.str.contains("NOT for release").all()
+    assert rel.input_fingerprint.notna().all()
+    for col, name, row in (("arr_delay", "arr", sql[0]), ("dep_delay", "dep", sql[1])):
+        exact, n = exact_person_mean(pdf, col)
+        est = float(rel.loc[rel.statistic == name, "estimate"].iloc[0][0])
+        assert est == pytest.approx(row.est)
+        # noise scale of the fine stage, per person, ~ scale / (n/... ): allow 5 noise bars plus
+        # the sampling of persons into the fine group (spread of person means / sqrt(n)).
+        spread = pdf[pdf[col].notna()].groupby("tailnum")[col].mean().std()
+        assert abs(est - exact) <= 5 * row.bar + 4 * spread / math.sqrt(n), (name, est, exact)
+
+
+def test_two_runs_differ_and_append(spark, flights_sample, tmp_path):
+    path, _ = flights_sample
+    cfg = make_config(path, tmp_path)
+    r1 = run_job(cfg, spark=spark)
+    r2 = run_job(cfg, spark=spark)
+    assert r1.run_id != r2.run_id
+    assert r1.rows[0].estimate != r2.rows[0].estimate  # real, fresh noise each run
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(str(tmp_path / "releases"))
+    assert dt.version() == 1  # two runs, two commits
+    df = dt.to_pandas()
+    assert len(df) == 4 and df.error_bar.notna().all()
+    assert set(df.noise_source) == {"opendp-0.16"}
+
+
+def test_csv_and_delta_inputs(spark, flights_sample, tmp_path):
+    _, pdf = flights_sample
+    small = pdf[pdf.tailnum.isin(sorted(pdf.tailnum.unique())[:200])]
+    csv_path = tmp_path / "flights.csv"
+    small.to_csv(csv_path, index=False)
+    delta_path = tmp_path / "flights_delta"
+    spark.createDataFrame(small).write.format("delta").save(str(delta_path))
+    for fmt, p in (("csv", csv_path), ("delta", delta_path)):
+        res = run_job(make_config(p, tmp_path / f"out_{fmt}", fmt=fmt), spark=spark, noise=SeededNoise(1))
+        assert len(res.rows) == 2
+        if fmt == "delta":
+            assert res.rows[0].input_delta_version == 0
+        else:
+            assert res.rows[0].input_fingerprint
+
+
+def _not_written(out: Path) -> bool:
+    return not (out / "releases").exists()
+
+
+def test_missing_column(spark, flights_sample, tmp_path):
+    path, _ = flights_sample
+    cfg = make_config(path, tmp_path)
+    cfg = cfg.model_copy(update={"privacy_unit": cfg.privacy_unit.model_copy(update={"column": "aircraft"})})
+    with pytest.raises(InputDataError, match="'aircraft' not found"):
+        run_job(cfg, spark=spark)
+    assert _not_written(tmp_path)
+
+
+def test_wrong_type(spark, tmp_path):
+    p = tmp_path / "bad.parquet"
+    pd.DataFrame({"tailnum": ["a", "b"], "arr_delay": ["1", "2"], "dep_delay": [1.0, 2.0]}).to_parquet(p)
+    with pytest.raises(InputDataError, match="value column 'arr_delay' has type string"):
+        run_job(make_config(p, tmp_path), spark=spark)
+    assert _not_written(tmp_path)
+
+
+def test_empty_input(spark, tmp_path):
+    p = tmp_path / "empty.parquet"
+    pd.DataFrame({"tailnum": pd.Series([], dtype=str), "arr_delay": pd.Series([], dtype=float),
+                  "dep_delay": pd.Series([], dtype=float)}).to_parquet(p)
+    with pytest.raises(InputDataError, match="holds no rows"):
+        run_job(make_config(p, tmp_path), spark=spark)
+    assert _not_written(tmp_path)
+
+
+def test_single_person_gives_insufficient_data(spark, tmp_path):
+    p = tmp_path / "one.parquet"
+    pd.DataFrame({"tailnum": ["N1"] * 5, "arr_delay": np.arange(5.0), "dep_delay": np.arange(5.0)}).to_parquet(p)
+    res = run_job(make_config(p, tmp_path), spark=spark, noise=SeededNoise(0))
+    assert [r.status for r in res.rows] == ["INSUFFICIENT_DATA"] * 2
+    assert all(r.estimate is None for r in res.rows)
+    # the coarse stages were charged; the release says so
+    assert res.rows[0].epsilon == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    "budget,match",
+    [({"epsilon": 0}, "budget.epsilon"), ({"epsilon": float("inf")}, "budget.epsilon"),
+     ({"delta": 1.0}, "budget.delta"), ({"delta": -1e-9}, "budget.delta")],
+)
+def test_bad_budget_refused_before_anything(tmp_path, budget, match):
+    with pytest.raises(ConfigError, match=match):
+        make_config(tmp_path / "nowhere.parquet", tmp_path, **budget)
+    assert _not_written(tmp_path)
+
+
+def test_dry_run_reads_no_data(tmp_path):
+    cfg = make_config(tmp_path / "does-not-exist.parquet", tmp_path)
+    text = plan_job(cfg).render()
+    assert "arr: coarse range estimator" in text and "dep: fine clip-and-noise" in text
+    assert "total cost (composed): epsilon=1, delta=1e-06" in text
+
+
+def test_no_salt_or_exact_count_in_logs_or_table(spark, flights_sample, tmp_path, caplog, monkeypatch):
+    path, pdf = flights_sample
+    salt = "5a" * 32
+    monkeypatch.setattr("spark_jobs.job.new_salt", lambda: salt)
+    caplog.set_level(logging.DEBUG)
+    res = run_job(make_config(path, tmp_path), spark=spark, noise=SeededNoise(5))
+    exact_n = {str(exact_person_mean(pdf, c)[1]) for c in ("arr_delay", "dep_delay")}
+    from deltalake import DeltaTable
+
+    table_text = DeltaTable(res.table_path).to_pandas().astype(str).to_csv()
+    log_text = caplog.text
+    assert salt not in log_text and salt not in table_text
+    for n in exact_n:
+        assert f" {n} " not in log_text and f"={n}" not in log_text
+        assert f'"{n}"' not in table_text and f": {n}," not in table_text
