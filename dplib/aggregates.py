@@ -18,9 +18,12 @@ Conventions shared by both backends (they are part of the contract):
 - Histogram bins of a value ``y``: ``floor((clamp(y, lo, hi) - offset) / bin_width)`` with
   ``[lo, hi] = offset -/+ MAX_BINS_FROM_OFFSET * bin_width`` unless a narrower clamp is given, so
   an extreme value (1e308) cannot overflow a bin index.
-- Clipping: ``clip_{radius, center}(y) = center + (y - center) * min(1, radius / ||y - center||_2)``;
+- Clipping: values and the centre are first clamped to ``[-VALUE_BOUND, VALUE_BOUND]`` (1e300);
+  ``clip_{radius, center}(y) = center + (y - center) * min(1, radius / ||y - center||_2)``;
   for one column it is truncation to ``[center - radius, center + radius]``, computed with
   min/max so that ``|clip(y) - center| <= radius`` holds exactly in floating point.
+- Clipped deviations are summed in fixed point (:func:`quantize_deviations`): integer sums are
+  exact, so both backends return identical sums and the declared sensitivity holds exactly.
 """
 
 from __future__ import annotations
@@ -34,6 +37,13 @@ from dplib.groups import GroupRange, group_index, in_range
 
 #: Default clamp of histogram values: this many bin widths on each side of the offset.
 MAX_BINS_FROM_OFFSET = 2.0**40
+#: Clipped deviations are summed in fixed point: units of ``radius / 2**QUANT_BITS``. A sum of
+#: up to 2**33 persons fits in int64.
+QUANT_BITS = 30
+QUANT_SCALE = float(2**QUANT_BITS)
+#: Person values and centres are clamped to [-VALUE_BOUND, VALUE_BOUND] before clipping, so that
+#: ``y - center`` cannot overflow (the Spark summarize pass clamps records to the same bound).
+VALUE_BOUND = 1e300
 
 
 class Aggregates(Protocol):
@@ -60,7 +70,10 @@ class Aggregates(Protocol):
         """``(sum_i (clip_{radius, center}(Y_i) - center), count)`` over persons in ``group``.
 
         ``Y_i`` is the vector of the person's values of ``columns`` (shape ``(d,)``); persons
-        missing any of them are left out. Returns a ``(d,)`` array and the number of persons.
+        missing any of them are left out. Each deviation is rounded to fixed point (units of
+        ``radius / 2**QUANT_BITS``) and summed exactly as integers; the result is returned as a
+        ``(d,)`` float array in data units, with the number of persons. Its add/remove l2
+        sensitivity is :func:`clipped_sum_l2_sensitivity` (``radius`` for d = 1).
         """
         ...
 
@@ -77,6 +90,10 @@ def histogram_clamp(bin_width: float, offset: float, clamp: tuple[float, float] 
     lo, hi = float(clamp[0]), float(clamp[1])
     if not (np.isfinite(lo) and np.isfinite(hi) and lo <= hi):
         raise InvalidParameterError(f"clamp must be a finite interval lo <= hi, got {clamp!r}")
+    if max(abs(lo - offset), abs(hi - offset)) / bin_width > MAX_BINS_FROM_OFFSET:
+        raise InvalidParameterError(
+            f"clamp {clamp!r} reaches more than 2**40 bins of width {bin_width!r} from the offset"
+        )
     return lo, hi
 
 
@@ -89,14 +106,38 @@ def check_clip_args(columns: Sequence[str], center: np.ndarray, radius: float) -
         )
     if not np.all(np.isfinite(c)):
         raise InvalidParameterError("center must be finite")
+    c = np.clip(c, -VALUE_BOUND, VALUE_BOUND)
     if not (np.isfinite(radius) and radius > 0):
         raise InvalidParameterError(f"radius must be finite and > 0, got {radius!r}")
     return c
 
 
+def quantize_deviations(dev: np.ndarray, radius: float) -> np.ndarray:
+    """Fixed-point units of clipped deviations: ``rint(dev / radius * 2**QUANT_BITS)`` (int64).
+
+    Sums of these integers are exact and independent of summation order, so adding or removing
+    one person changes the sum by exactly that person's term: ``|term| <= 2**QUANT_BITS`` units
+    per coordinate (``radius``), with no floating-point rounding of the sum to account for
+    (Casacuberta et al. 2022 show how float sums break declared sensitivities). Rounding is half
+    to even, as Spark's ``bround``.
+    """
+    return np.rint(dev / radius * QUANT_SCALE).astype(np.int64)
+
+
+def clipped_sum_l2_sensitivity(radius: float, d: int) -> float:
+    """l2 sensitivity of the fixed-point clipped sum in data units, for add/remove.
+
+    One person's quantised deviation has l2 norm at most ``radius + sqrt(d) * radius / 2**(QUANT_BITS+1)``
+    (rounding each coordinate moves it by at most half a unit); exactly ``radius`` for d = 1.
+    """
+    if d == 1:
+        return float(radius)
+    return float(radius) * (1.0 + np.sqrt(d) / 2.0 ** (QUANT_BITS + 1))
+
+
 def clip_deviations(values: np.ndarray, center: np.ndarray, radius: float) -> np.ndarray:
     """``clip_{radius, center}(Y_i) - center`` for each row of ``values`` (shape ``(n, d)``)."""
-    diff = values - center[None, :]
+    diff = np.clip(values, -VALUE_BOUND, VALUE_BOUND) - center[None, :]
     if values.shape[1] == 1:
         return np.minimum(np.maximum(diff, -radius), radius)
     # Scaled norm: ||x|| = s * ||x / s|| with s = max |x_j|, so 1e200-sized values do not overflow.
@@ -186,5 +227,6 @@ class NumpyAggregates:
         rows = self._rows(columns, group)
         if rows.shape[0] == 0:
             return np.zeros(len(columns)), 0
-        dev = clip_deviations(rows, c, float(radius))
-        return np.sum(dev, axis=0), int(rows.shape[0])
+        units = quantize_deviations(clip_deviations(rows, c, float(radius)), float(radius))
+        total = np.sum(units, axis=0, dtype=np.int64)
+        return total.astype(np.float64) * (float(radius) / QUANT_SCALE), int(rows.shape[0])

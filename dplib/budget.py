@@ -70,7 +70,7 @@ class Budget:
 
     def scaled(self, fraction: float) -> "Budget":
         """Return ``(fraction * epsilon, fraction * delta)``; ``fraction`` in (0, 1]."""
-        if not (isinstance(fraction, (int, float)) and 0.0 < float(fraction) <= 1.0):
+        if isinstance(fraction, bool) or not (isinstance(fraction, (int, float)) and 0.0 < float(fraction) <= 1.0):
             raise InvalidParameterError(f"budget fraction must be in (0, 1], got {fraction!r}")
         return Budget(self.epsilon * fraction, self.delta * fraction)
 

@@ -84,14 +84,19 @@ def new_salt() -> str:
     return secrets.token_hex(32)
 
 
+def is_salt(salt_hex: object) -> bool:
+    """True if ``salt_hex`` is 64 lowercase hex characters (the form :func:`new_salt` returns)."""
+    return isinstance(salt_hex, str) and len(salt_hex) == 64 and all(ch in "0123456789abcdef" for ch in salt_hex)
+
+
 def group_index(person_ids: Iterable[object], salt_hex: str) -> np.ndarray:
     """Group indices of person ids, shape ``(n,)``, dtype int64, values in ``[0, 2**32)``.
 
     The reference implementation of the keyed hash that Spark computes in
     ``spark_jobs.summarize``: ``int(sha256((salt_hex + str(id)).encode()).hexdigest()[:8], 16)``.
     """
-    if len(salt_hex) != 64:
-        raise InvalidParameterError("salt_hex must be 64 hex characters")
+    if not is_salt(salt_hex):
+        raise InvalidParameterError("salt_hex must be 64 lowercase hex characters")
     out = [
         int(hashlib.sha256((salt_hex + str(pid)).encode("utf-8")).hexdigest()[:HASH_HEX_CHARS], 16)
         for pid in person_ids

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dplib.aggregates import check_clip_args, histogram_clamp
+from dplib.aggregates import QUANT_SCALE, VALUE_BOUND, check_clip_args, histogram_clamp
 from dplib.groups import GroupRange
 
 
@@ -83,7 +83,8 @@ class SparkAggregates:
 
         c = check_clip_args(columns, center, radius)
         rho = F.lit(float(radius))
-        diffs = [F.col(col) - F.lit(float(cj)) for col, cj in zip(columns, c)]
+        bound = F.lit(VALUE_BOUND)
+        diffs = [F.least(F.greatest(F.col(col), -bound), bound) - F.lit(float(cj)) for col, cj in zip(columns, c)]
         if len(columns) == 1:
             devs = [F.least(F.greatest(diffs[0], -rho), rho)]
         else:
@@ -92,9 +93,12 @@ class SparkAggregates:
             norm = scale * F.sqrt(sum((d / safe) * (d / safe) for d in diffs))
             factor = F.when(norm > rho, rho / F.when(norm > 0, norm).otherwise(F.lit(1.0))).otherwise(F.lit(1.0))
             devs = [d * factor for d in diffs]
-        aggs = [F.sum(d).alias(f"s{j}") for j, d in enumerate(devs)] + [F.count(F.lit(1)).alias("n")]
+        # Fixed point, as dplib.aggregates.quantize_deviations: bround = round half to even.
+        units = [F.bround(d / rho * F.lit(QUANT_SCALE), 0).cast("long") for d in devs]
+        aggs = [F.sum(u).alias(f"s{j}") for j, u in enumerate(units)] + [F.count(F.lit(1)).alias("n")]
         row = self._collect(self._where(columns, group).agg(*aggs))[0]
         n = int(row["n"])
         if n == 0:
             return np.zeros(len(columns)), 0
-        return np.array([float(row[f"s{j}"]) for j in range(len(columns))]), n
+        total = np.array([int(row[f"s{j}"]) for j in range(len(columns))], dtype=np.int64)
+        return total.astype(np.float64) * (float(radius) / QUANT_SCALE), n

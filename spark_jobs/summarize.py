@@ -20,9 +20,9 @@ Record rules (documented in README.md):
 
 from __future__ import annotations
 
-from dplib.errors import InputDataError
-
-VALUE_BOUND = 1e300
+from dplib.aggregates import VALUE_BOUND
+from dplib.errors import InvalidParameterError
+from dplib.groups import is_salt
 
 
 def _valid_id(col, null_values):
@@ -59,8 +59,8 @@ def summarize(df, unit_column: str, value_columns: list[str], salt_hex: str, m_m
     """
     from pyspark.sql import functions as F
 
-    if len(salt_hex) != 64:
-        raise InputDataError("salt must be 64 hex characters")
+    if not is_salt(salt_hex):
+        raise InvalidParameterError("salt must be 64 lowercase hex characters")
     uid = F.col(unit_column)
     records = df.where(_valid_id(uid, null_values))
     aggs = []

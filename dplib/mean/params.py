@@ -14,10 +14,26 @@ from dplib.errors import InvalidParameterError
 
 def check_moment_order(k: float) -> float:
     """Validate the moment order ``k`` (real, >= 2, or ``math.inf``)."""
+    if isinstance(k, bool) or not isinstance(k, (int, float)):
+        raise InvalidParameterError(f"moment order k must be a real number >= 2 (or inf), got {k!r}")
     k = float(k)
     if math.isnan(k) or k < 2.0:
         raise InvalidParameterError(f"moment order k must be >= 2 (or inf), got {k!r}")
     return k
+
+
+def check_records_per_person(m) -> int:
+    """Validate ``m`` (records per person used in the formulas): an integer >= 1."""
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m != int(m) or m < 1:
+        raise InvalidParameterError(f"m (records per person used in the formulas) must be an integer >= 1, got {m!r}")
+    return int(m)
+
+
+def check_positive(value, name: str) -> float:
+    """Validate a finite, positive real parameter (bools and strings refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidParameterError(f"{name} must be a finite real number > 0, got {value!r}")
+    return float(value)
 
 
 def bin_width_constant(k: float) -> float:
@@ -39,11 +55,9 @@ def bin_width_constant(k: float) -> float:
 
 def coarse_bin_width(scale: float, k: float, m: int) -> float:
     """Bin width ``r = c_r(k) * s / sqrt(m)`` of the coarse RangeEstimator (spec P1), data units."""
-    if not (math.isfinite(scale) and scale > 0):
-        raise InvalidParameterError(f"scale must be finite and > 0, got {scale!r}")
-    if int(m) < 1:
-        raise InvalidParameterError(f"m (records per person used in the formulas) must be >= 1, got {m!r}")
-    return bin_width_constant(k) * scale / math.sqrt(int(m))
+    scale = check_positive(scale, "scale")
+    m = check_records_per_person(m)
+    return bin_width_constant(k) * scale / math.sqrt(m)
 
 
 def fine_radius(scale: float, k: float, m: int, u: float, n_eps: float, c_f: float = 1.0) -> float:
@@ -56,8 +70,15 @@ def fine_radius(scale: float, k: float, m: int, u: float, n_eps: float, c_f: flo
     *DP estimate* of the fine group's size times its epsilon (never an exact count).
     """
     k = check_moment_order(k)
-    m = int(m)
-    floor_term = c_f * math.sqrt(max(1.0, (k - 1.0) * math.log(m)) / m) if m > 1 else c_f
+    m = check_records_per_person(m)
+    if m == 1:
+        floor_term = c_f
+    elif math.isinf(k):
+        # k = inf (sub-Gaussian-like): the Berry-Esseen threshold sqrt((k-1) ln m / m) has no
+        # finite limit; use the Gaussian tail level sqrt(2 ln m / m) instead (PROPOSAL).
+        floor_term = c_f * math.sqrt(max(1.0, 2.0 * math.log(m)) / m)
+    else:
+        floor_term = c_f * math.sqrt(max(1.0, (k - 1.0) * math.log(m)) / m)
     n_eps = max(float(n_eps), 1.0)
     if math.isinf(k):
         balance = 1.0 / m

@@ -34,7 +34,13 @@ from dplib.aggregates import Aggregates
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
-from dplib.mean.params import check_moment_order, coarse_bin_width, fine_radius
+from dplib.mean.params import (
+    check_moment_order,
+    check_positive,
+    check_records_per_person,
+    coarse_bin_width,
+    fine_radius,
+)
 from dplib.mechanisms import NoiseSource, laplace_mechanism, pure_dp_histogram, thresholded_histogram
 
 ALGORITHM = "agarwal2024-univariate-person-mean"
@@ -94,16 +100,18 @@ class UnivariateMeanPlan:
     def __post_init__(self) -> None:
         if not isinstance(self.budget, Budget):
             raise InvalidParameterError("budget must be a dplib.budget.Budget")
-        if not (isinstance(self.scale, (int, float)) and math.isfinite(self.scale) and self.scale > 0):
-            raise InvalidParameterError(f"scale must be finite and > 0, got {self.scale!r}")
+        object.__setattr__(self, "scale", check_positive(self.scale, "scale"))
         object.__setattr__(self, "k", check_moment_order(self.k))
-        if isinstance(self.m, bool) or int(self.m) != self.m or self.m < 1:
-            raise InvalidParameterError(f"m must be an integer >= 1, got {self.m!r}")
+        object.__setattr__(self, "m", check_records_per_person(self.m))
         if self.budget_mode not in ("parallel", "sequential"):
             raise InvalidParameterError(
                 f"budget_mode must be 'parallel' or 'sequential', got {self.budget_mode!r}"
             )
-        if not (0.05 <= float(self.coarse_fraction) <= 0.95):
+        if (
+            isinstance(self.coarse_fraction, bool)
+            or not isinstance(self.coarse_fraction, (int, float))
+            or not (0.05 <= self.coarse_fraction <= 0.95)
+        ):
             raise InvalidParameterError(
                 f"coarse_fraction must be in [0.05, 0.95], got {self.coarse_fraction!r}"
             )
@@ -113,8 +121,7 @@ class UnivariateMeanPlan:
                     "delta = 0 (pure DP) needs a public range_bound R with |mean| <= R; "
                     "give one, or use delta > 0"
                 )
-            if not (math.isfinite(self.range_bound) and self.range_bound > 0):
-                raise InvalidParameterError(f"range_bound must be finite and > 0, got {self.range_bound!r}")
+            object.__setattr__(self, "range_bound", check_positive(self.range_bound, "range_bound"))
             if self.n_pure_bins > MAX_PURE_BINS:
                 raise InvalidParameterError(
                     f"range_bound / bin width gives {self.n_pure_bins} bins (max {MAX_PURE_BINS}); "
@@ -155,11 +162,17 @@ class UnivariateMeanPlan:
         eps = self.budget.epsilon if self.budget_mode == "parallel" else self.budget.epsilon / 2
         return Budget(eps, 0.0)
 
+    def charge_group(self, stage_group: GroupRange) -> GroupRange:
+        """The persons a stage is charged on: its own range in parallel mode; the statistic's
+        whole group in sequential mode (the paper's accounting, which also holds under
+        replace-one neighbouring, where a replaced person may change range)."""
+        return stage_group if self.budget_mode == "parallel" else self.group
+
     def charges(self, prefix: str = "") -> list[Charge]:
         """The charges this plan makes, in order: the privacy cost before any data is read."""
         return [
-            Charge(f"{prefix}coarse range estimator", self.coarse_budget, self.coarse_group),
-            Charge(f"{prefix}fine clip-and-noise", self.fine_budget, self.fine_group),
+            Charge(f"{prefix}coarse range estimator", self.coarse_budget, self.charge_group(self.coarse_group)),
+            Charge(f"{prefix}fine clip-and-noise", self.fine_budget, self.charge_group(self.fine_group)),
         ]
 
     def cost(self) -> Budget:
@@ -341,7 +354,8 @@ def univariate_person_mean(
     start = len(accountant.charges)
     params = plan.describe()
 
-    accountant.charge(f"{stage_prefix}coarse range estimator", plan.coarse_budget, plan.coarse_group)
+    coarse_charge, fine_charge = plan.charges(stage_prefix)
+    accountant.charge(coarse_charge.stage, coarse_charge.budget, coarse_charge.group)
     mu_c, n_hat_a = range_estimator(backend, column, plan, noise)
     if mu_c is None:
         eps, delta = composed_cost(accountant.charges[start:])
@@ -362,7 +376,7 @@ def univariate_person_mean(
     rho = fine_radius(plan.scale, plan.k, plan.m, plan.coarse_error_bound, n_hat_b * fine_eps)
     c = count_weight(rho, plan.coarse_error_bound)
 
-    accountant.charge(f"{stage_prefix}fine clip-and-noise", plan.fine_budget, plan.fine_group)
+    accountant.charge(fine_charge.stage, fine_charge.budget, fine_charge.group)
     exact_sum, exact_count = backend.clipped_sum([column], np.array([mu_c]), rho, plan.fine_group)
     noisy, scale = laplace_mechanism(
         np.array([float(exact_sum[0]), c * exact_count]), rho + c, fine_eps, noise

@@ -70,7 +70,8 @@ def test_clipped_sums_equal(persons, group, cols, center, radius):
     s_np, n_np = np_b.clipped_sum(cols, np.array(center), radius, group)
     assert sp_b.rows_collected - before == 1
     assert n_sp == n_np
-    np.testing.assert_allclose(s_sp, s_np, rtol=1e-12, atol=1e-9 * radius)
+    # fixed-point sums: exactly equal (the issue asks 1e-12 relative; integer sums do better)
+    np.testing.assert_array_equal(s_sp, s_np)
     assert np.all(np.isfinite(s_sp))
 
 

@@ -116,7 +116,8 @@ def test_clipped_sum_1d_matches_truncation(seed, group):
     s, count = agg.clipped_sum(["c2"], np.array([c]), r, group)
     assert s.shape == (1,)
     assert count == n
-    assert s[0] == pytest.approx(total, rel=1e-12, abs=1e-9)
+    # fixed-point sum: each person's term is rounded to r / 2**30, so at most half a unit each
+    assert abs(s[0] - total) <= n * r / 2**31 + 1e-12 * abs(total)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -140,7 +141,8 @@ def test_clipped_sum_dd_matches_brute_force(seed):
         n += 1
     s, count = agg.clipped_sum(columns, center, radius, group)
     assert count == n
-    np.testing.assert_allclose(s, total, rtol=1e-10, atol=1e-9)
+    # fixed point: at most half a unit (radius / 2**31) of rounding per person and coordinate
+    np.testing.assert_allclose(s, total, rtol=1e-12, atol=n * radius / 2**31)
 
 
 def _deviations_dd(values: np.ndarray, center: np.ndarray, radius: float) -> np.ndarray:
@@ -165,7 +167,6 @@ def test_clipped_deviation_norms_bounded_and_finite_for_huge_values():
             np.full((1, d), -1e200),
             np.array([[1e200, 1e-200, 0.0, -1e200]]),
             np.array([[1e308, 0.0, 0.0, 0.0]]),
-            np.array([[1e308, 1e308, -1e308, 1e308]]),
             np.zeros((1, d)),  # exactly at the centre
         ]
     )
@@ -174,18 +175,28 @@ def test_clipped_deviation_norms_bounded_and_finite_for_huge_values():
         dev = _deviations_dd(rows, center, radius)
         assert np.all(np.isfinite(dev))
         norms = np.array([math.sqrt(sum(float(x) ** 2 for x in r)) for r in dev])
-        assert np.all(norms <= radius * (1 + 1e-12))
+        # fixed point: each coordinate rounded to radius / 2**30 (half a unit at most)
+        half_unit = radius / 2**31
+        assert np.all(norms <= radius + math.sqrt(d) * half_unit)
         # Huge rows are clipped onto the sphere, in their own direction.
         huge = np.max(np.abs(rows), axis=1) > 1e100
-        assert np.allclose(norms[huge], radius, rtol=1e-12)
+        assert np.allclose(norms[huge], radius, rtol=0, atol=math.sqrt(d) * half_unit)
         for row, dv in zip(rows[huge], dev[huge]):
             unit = row / np.max(np.abs(row))
             unit = unit / np.linalg.norm(unit)
-            np.testing.assert_allclose(dv, radius * unit, rtol=1e-12, atol=radius * 1e-15)
+            np.testing.assert_allclose(dv, radius * unit, rtol=0, atol=half_unit * (1 + 1e-9))
     # And the sum over many huge persons is finite too.
     agg = NumpyAggregates({f"x{j}": rows[:, j] for j in range(d)}, np.zeros(rows.shape[0], np.int64))
     s, _ = agg.clipped_sum([f"x{j}" for j in range(d)], center, 2.0, ALL_PERSONS)
     assert np.all(np.isfinite(s))
+
+
+def test_clipped_deviation_on_the_sphere_when_the_norm_overflows():
+    # ||y - c|| = 2e308 is not representable although every coordinate is. clip(y) - c must
+    # still be radius * (y - c) / ||y - c|| = radius * (0.5, 0.5, -0.5, 0.5), not 0.
+    row = np.array([[1e308, 1e308, -1e308, 1e308]])
+    dev = _deviations_dd(row, np.zeros(4), 1.0)[0]
+    np.testing.assert_allclose(dev, [0.5, 0.5, -0.5, 0.5], rtol=1e-12)
 
 
 def test_clipped_sum_dd_finite_when_value_minus_centre_overflows():
@@ -276,3 +287,17 @@ def test_histogram_rejects_bad_clamp(clamp):
     agg = NumpyAggregates({"a": np.array([1.0])}, np.array([0]))
     with pytest.raises(InvalidParameterError, match="clamp"):
         agg.histogram("a", 1.0, 0.0, ALL_PERSONS, clamp=clamp)
+
+
+def test_wide_explicit_clamp_does_not_overflow_bin_index():
+    # histogram_clamp accepts any finite clamp. With clamp (-1e300, 1e300) and width 1, the bin
+    # index 1e300 does not fit in int64: the backend must refuse the clamp, or keep the two
+    # extreme persons in two different (correctly ordered) bins; it must not merge them.
+    agg = NumpyAggregates({"v": np.array([1e300, -1e300, 5.0])}, np.zeros(3, dtype=np.int64))
+    try:
+        got = agg.histogram("v", 1.0, 0.0, ALL_PERSONS, clamp=(-1e300, 1e300))
+    except InvalidParameterError:
+        return
+    assert len(got) == 3 and sum(got.values()) == 3
+    lo_bin, mid_bin, hi_bin = sorted(got)
+    assert mid_bin == 5 and lo_bin < 5 < hi_bin
