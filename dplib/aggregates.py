@@ -46,6 +46,35 @@ QUANT_SCALE = float(2**QUANT_BITS)
 VALUE_BOUND = 1e300
 
 
+#: Smallest binary exponent of the log-magnitude histograms; ``|x| < 2**MIN_EXPONENT`` (or 0)
+#: falls in the zero bin. Values are clamped to VALUE_BOUND (< 2**997) so exponents stay < 998.
+MIN_EXPONENT = -1021
+
+
+def log_bin_key(exponent: int, sub: int, n_sub: int, sign: int) -> int:
+    """Key of a log-magnitude bin: 0 for the zero bin, else ``sign * (1 + (e - MIN_EXPONENT) * n_sub + sub)``."""
+    return 0 if sign == 0 else sign * (1 + (exponent - MIN_EXPONENT) * n_sub + sub)
+
+
+def log_bin_bounds(key: int, sub_edges: tuple[float, ...]) -> tuple[float, float]:
+    """``[lower, upper)`` of ``|x|`` in the bin with this key (``[0, 2**MIN_EXPONENT)`` for key 0)."""
+    if key == 0:
+        return 0.0, 2.0**MIN_EXPONENT
+    n_sub = len(sub_edges) + 1
+    idx = abs(key) - 1
+    e, sub = MIN_EXPONENT + idx // n_sub, idx % n_sub
+    edges = (1.0,) + tuple(sub_edges) + (2.0,)
+    return float(np.ldexp(edges[sub], e)), float(np.ldexp(edges[sub + 1], e))
+
+
+def check_sub_edges(sub_edges) -> tuple[float, ...]:
+    """Validate sub-octave edges: strictly increasing floats in (1, 2)."""
+    edges = tuple(float(x) for x in sub_edges)
+    if any(not (1.0 < x < 2.0) for x in edges) or any(b <= a for a, b in zip(edges, edges[1:])):
+        raise InvalidParameterError(f"sub_edges must be strictly increasing values in (1, 2), got {edges!r}")
+    return edges
+
+
 class Aggregates(Protocol):
     """Exact aggregates over person summaries, restricted to a group of persons."""
 
@@ -62,6 +91,18 @@ class Aggregates(Protocol):
         clamp: tuple[float, float] | None = None,
     ) -> dict[int, int]:
         """Non-empty bins ``{bin: count}`` of the persons' values of ``column`` in ``group``."""
+        ...
+
+    def log_histogram(
+        self, column: str, center: float, group: GroupRange, sub_edges: tuple[float, ...] = ()
+    ) -> dict[int, int]:
+        """Signed log-magnitude histogram of ``x = Y_i - center`` over persons in ``group``.
+
+        A person falls in bin ``log_bin_key(e, sub, len(sub_edges) + 1, sign(x))`` where
+        ``e = floor(log2 |x|)`` (computed exactly: corrected against ``2**e``) and ``sub`` is the
+        number of ``sub_edges`` at most ``|x| / 2**e``; ``|x| < 2**MIN_EXPONENT`` gives bin 0.
+        Values and the centre are clamped to ``+-VALUE_BOUND`` first. Returns non-empty bins.
+        """
         ...
 
     def clipped_sum(
@@ -219,6 +260,28 @@ class NumpyAggregates:
         bins = np.floor((np.minimum(np.maximum(y, lo), hi) - offset) / bin_width).astype(np.int64)
         keys, counts = np.unique(bins, return_counts=True)
         return {int(k): int(c) for k, c in zip(keys, counts)}
+
+    def log_histogram(
+        self, column: str, center: float, group: GroupRange, sub_edges: tuple[float, ...] = ()
+    ) -> dict[int, int]:
+        edges = check_sub_edges(sub_edges)
+        c = float(np.clip(check_clip_args([column], np.array([center]), 1.0)[0], -VALUE_BOUND, VALUE_BOUND))
+        x = np.clip(self._rows([column], group)[:, 0], -VALUE_BOUND, VALUE_BOUND) - c
+        a = np.abs(x)
+        zero = a < 2.0**MIN_EXPONENT
+        safe = np.where(zero, 1.0, a)
+        e = np.floor(np.log2(safe))
+        e = np.where(np.ldexp(1.0, e.astype(np.int64)) > safe, e - 1, e)
+        e = np.where(np.ldexp(1.0, (e + 1).astype(np.int64)) <= safe, e + 1, e)
+        frac = safe / np.ldexp(1.0, e.astype(np.int64))
+        sub = np.zeros(a.shape, dtype=np.int64)
+        for edge in edges:
+            sub += (frac >= edge).astype(np.int64)
+        n_sub = len(edges) + 1
+        key = np.sign(x).astype(np.int64) * (1 + (e.astype(np.int64) - MIN_EXPONENT) * n_sub + sub)
+        key = np.where(zero, 0, key)
+        keys, counts = np.unique(key, return_counts=True)
+        return {int(k): int(v) for k, v in zip(keys, counts)}
 
     def clipped_sum(
         self, columns: Sequence[str], center: np.ndarray, radius: float, group: GroupRange

@@ -12,7 +12,14 @@ from typing import Sequence
 
 import numpy as np
 
-from dplib.aggregates import QUANT_SCALE, VALUE_BOUND, check_clip_args, histogram_clamp
+from dplib.aggregates import (
+    MIN_EXPONENT,
+    QUANT_SCALE,
+    VALUE_BOUND,
+    check_clip_args,
+    check_sub_edges,
+    histogram_clamp,
+)
 from dplib.groups import GroupRange
 
 
@@ -74,6 +81,32 @@ class SparkAggregates:
         y = F.least(F.greatest(F.col(column), F.lit(lo)), F.lit(hi))
         b = F.floor((y - F.lit(float(offset))) / F.lit(float(bin_width))).cast("long").alias("bin")
         rows = self._collect(self._where([column], group).select(b).groupBy("bin").count())
+        return {int(r["bin"]): int(r["count"]) for r in rows}
+
+    def log_histogram(
+        self, column: str, center: float, group: GroupRange, sub_edges: tuple[float, ...] = ()
+    ) -> dict[int, int]:
+        from pyspark.sql import functions as F
+
+        edges = check_sub_edges(sub_edges)
+        c = float(np.clip(check_clip_args([column], np.array([center]), 1.0)[0], -VALUE_BOUND, VALUE_BOUND))
+        bound = F.lit(VALUE_BOUND)
+        x = F.least(F.greatest(F.col(column), -bound), bound) - F.lit(c)
+        a = F.abs(x)
+        zero = a < F.lit(2.0**MIN_EXPONENT)
+        safe = F.when(zero, F.lit(1.0)).otherwise(a)
+        e0 = F.floor(F.log2(safe))
+        # exact floor(log2): correct the float log against exact powers of two
+        e1 = F.when(F.pow(F.lit(2.0), e0) > safe, e0 - 1).otherwise(e0)
+        e = F.when(F.pow(F.lit(2.0), e1 + 1) <= safe, e1 + 1).otherwise(e1)
+        frac = safe / F.pow(F.lit(2.0), e)
+        sub = F.lit(0)
+        for edge in edges:
+            sub = sub + F.when(frac >= F.lit(edge), F.lit(1)).otherwise(F.lit(0))
+        n_sub = len(edges) + 1
+        sign = F.signum(x).cast("long")
+        key = F.when(zero, F.lit(0)).otherwise(sign * (F.lit(1) + (e.cast("long") - F.lit(MIN_EXPONENT)) * F.lit(n_sub) + sub))
+        rows = self._collect(self._where([column], group).select(key.cast("long").alias("bin")).groupBy("bin").count())
         return {int(r["bin"]): int(r["count"]) for r in rows}
 
     def clipped_sum(

@@ -1,0 +1,368 @@
+"""Private, scale-free range and radius finding for person means (no bounds, no scale).
+
+Three building blocks, each run on its own fixed hash range of persons and each charged by the
+caller before it runs (see :mod:`dplib.mean.scale_free`). They are also meant for the
+multivariate estimator, per coordinate.
+
+1. :func:`magnitude_range` -- the smallest interval ``[L, U]`` holding a fraction ``q`` of the
+   persons, read off a private histogram of signed binary magnitudes of the person means
+   (buckets ``+-[2^e, 2^(e+1))`` and a zero bucket): thresholded (approximate DP, no exponent
+   bound) or Laplace on every bucket of a public exponent range (pure DP). The same family as
+   Google's ApproxBounds and Tumult's ``get_bounds``.
+2. :func:`window_center` -- the paper's RangeEstimator (Agarwal et al. 2024, Algorithm 1) with a
+   bin width derived from that range: ``r = (U - L) / bins_per_range``, Laplace on every bin of
+   the finite window ``[L - W, U + W]`` (pure DP; values clamped into the window).
+3. :func:`deviation_profile` -- a private histogram of ``|Y - c|`` on log-spaced bins (a quarter
+   octave wide) around the centre ``c``, Laplace on every bin; from it, post-processing only,
+   the clipping radius (minimising a DP estimate of bias + noise), a DP bound on the clipping
+   bias and a DP estimate of the spread of the person means, used by the error bar.
+
+Privacy: each is a histogram in which a person falls in exactly one bin, so under add/remove its
+l1 sensitivity is 1 (Laplace scale 1/epsilon; threshold 1 + ln(1/(2 delta))/epsilon for the
+thresholded variant). Only post-processed outputs leave these functions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dplib.aggregates import MIN_EXPONENT, Aggregates, log_bin_bounds
+from dplib.errors import InvalidParameterError
+from dplib.groups import GroupRange
+from dplib.mechanisms import NoiseSource, pure_dp_histogram, thresholded_histogram
+
+#: Probability that some empty bin of the deviation profile is read as non-empty.
+FLOOR_BETA = 0.1
+#: Sub-octave edges of the deviation histogram: quarter octaves.
+QUARTER_OCTAVE = (2.0**0.25, 2.0**0.5, 2.0**0.75)
+
+
+def _bucket_interval(key: int, sub_edges: tuple[float, ...]) -> tuple[float, float]:
+    """Real-line interval of a signed log-magnitude bucket."""
+    lo, hi = log_bin_bounds(key, sub_edges)
+    if key > 0:
+        return lo, hi
+    if key < 0:
+        return -hi, -lo
+    return -hi, hi
+
+
+def _key_exponent(key: int) -> int:
+    return MIN_EXPONENT + abs(key) - 1
+
+
+def _key(exponent: int, sign: int) -> int:
+    return 0 if sign == 0 else sign * (1 + exponent - MIN_EXPONENT)
+
+
+@dataclass(frozen=True)
+class MagnitudeRange:
+    """Output of :func:`magnitude_range` (every field DP)."""
+
+    lower: float
+    upper: float
+    noisy_total: float
+
+
+def smallest_window(intervals: list[tuple[float, float]], weights: list[float], q: float) -> tuple[float, float]:
+    """Narrowest run of consecutive intervals (sorted on the line) whose weights sum to >= q * total.
+
+    Pure post-processing of noisy weights (negative weights count as zero).
+    """
+    order = sorted(range(len(intervals)), key=lambda i: intervals[i][0])
+    iv = [intervals[i] for i in order]
+    w = [max(weights[i], 0.0) for i in order]
+    need = q * sum(w)
+    best = (iv[0][0], iv[-1][1])
+    for i in range(len(iv)):
+        acc = 0.0
+        for j in range(i, len(iv)):
+            acc += w[j]
+            if acc >= need:
+                if iv[j][1] - iv[i][0] < best[1] - best[0]:
+                    best = (iv[i][0], iv[j][1])
+                break
+    return best
+
+
+def magnitude_range(
+    backend: Aggregates,
+    column: str,
+    group: GroupRange,
+    epsilon: float,
+    delta: float,
+    noise: NoiseSource,
+    q: float = 0.9,
+    exponent_range: tuple[int, int] = (-40, 60),
+) -> MagnitudeRange | None:
+    """Private smallest interval holding about a fraction ``q`` of the persons' means.
+
+    Parameters
+    ----------
+    backend, column, group :
+        Persons whose mean of ``column`` is counted (one fixed hash range).
+    epsilon, delta : float
+        Budget, already charged by the caller on ``group``. ``delta > 0``: thresholded histogram
+        over every binary exponent; ``delta == 0``: Laplace on each bucket of
+        ``+-[2^e, 2^(e+1))`` for ``e`` in ``exponent_range`` plus a zero bucket (values beyond
+        the range are counted in its edge buckets: a per-person transform).
+    noise : NoiseSource
+    q : float
+        Fraction of the noisy mass the interval must hold.
+
+    Returns
+    -------
+    MagnitudeRange or None
+        None when no bucket passes the threshold (approximate DP only).
+
+    Privacy
+    -------
+    (epsilon, delta)-DP under add/remove (each person in one bucket).
+    """
+    if not (0.5 <= q < 1.0):
+        raise InvalidParameterError(f"q must be in [0.5, 1), got {q!r}")
+    counts = backend.log_histogram(column, 0.0, group)
+    if delta > 0:
+        released, _, _ = thresholded_histogram(counts, epsilon, delta, noise)
+        if not released:
+            return None
+        keys = list(released)
+        weights = [released[k] for k in keys]
+    else:
+        e_min, e_max = exponent_range
+        if not (MIN_EXPONENT < e_min < e_max < 997):
+            raise InvalidParameterError(f"exponent_range must satisfy {MIN_EXPONENT} < lo < hi < 997, got {exponent_range!r}")
+        keys = [0] + [_key(e, s) for s in (-1, 1) for e in range(e_min, e_max + 1)]
+        index = {k: i for i, k in enumerate(keys)}
+        dense = np.zeros(len(keys))
+        for k, c in counts.items():
+            if k == 0 or _key_exponent(k) < e_min:
+                dense[index[0]] += c
+            else:
+                e = min(_key_exponent(k), e_max)
+                dense[index[_key(e, 1 if k > 0 else -1)]] += c
+        noisy, _ = pure_dp_histogram(dense, epsilon, noise)
+        weights = list(noisy)
+        if sum(max(w, 0.0) for w in weights) <= 0:
+            return None
+    intervals = []
+    for k in keys:
+        if delta == 0 and k == 0:
+            bound = 2.0 ** exponent_range[0]
+            intervals.append((-bound, bound))
+        else:
+            intervals.append(_bucket_interval(k, ()))
+    lower, upper = smallest_window(intervals, weights, q)
+    return MagnitudeRange(lower, upper, float(sum(max(w, 0.0) for w in weights)))
+
+
+def window_center(
+    backend: Aggregates,
+    column: str,
+    group: GroupRange,
+    epsilon: float,
+    noise: NoiseSource,
+    lower: float,
+    upper: float,
+    bins_per_range: int = 8,
+) -> tuple[float, float]:
+    """RangeEstimator with a bin width derived from a DP range: returns ``(center, bin_width)``.
+
+    Bins of width ``r = (upper - lower) / bins_per_range`` tile ``[lower - W, upper + W]``
+    (``W = upper - lower``); values are clamped into that window; Laplace(1/epsilon) on every bin
+    (empty ones too); the centre is the midpoint of the noisy argmax bin.
+
+    Privacy
+    -------
+    epsilon-DP under add/remove (Agarwal et al. 2024, Algorithm 1, pure variant; the window is a
+    DP output of an earlier stage on other persons, so it is public here).
+    """
+    width = upper - lower
+    if not (math.isfinite(width) and width > 0):
+        raise InvalidParameterError(f"the range must have positive finite width, got [{lower!r}, {upper!r}]")
+    r = width / bins_per_range
+    offset = lower - width
+    n_bins = 3 * bins_per_range
+    clamp = (offset, offset + (n_bins - 0.5) * r)
+    sparse = backend.histogram(column, r, offset, group, clamp=clamp)
+    dense = np.zeros(n_bins)
+    for j, c in sparse.items():
+        dense[min(max(j, 0), n_bins - 1)] += c
+    noisy, _ = pure_dp_histogram(dense, epsilon, noise)
+    j_star = int(np.argmax(noisy))
+    return offset + (j_star + 0.5) * r, r
+
+
+@dataclass(frozen=True)
+class DeviationProfile:
+    """Noisy histogram of ``|Y - c|`` on log bins (all fields DP or public).
+
+    ``edges[i], edges[i+1]`` bound bin ``i``; bin 0 is ``[0, edges[1])`` (underflow), the last
+    bin ``[edges[-2], inf)`` (overflow, its upper edge recorded as ``edges[-1] = inf``).
+    """
+
+    edges: np.ndarray
+    weights: np.ndarray  # noisy counts, zeroed below the noise floor
+    noise_floor: float = 0.0
+    raw_weights: np.ndarray | None = None  # the noisy counts as released (may be negative)
+
+    @property
+    def total(self) -> float:
+        return float(np.sum(self.weights))
+
+    def second_moment(self, radius: float = math.inf) -> float:
+        """DP estimate of ``mean(min(|Y - c|, radius)^2)`` from the bins above the noise floor
+        (upper bin edges: conservative); bounds the variance of the clipped person means."""
+        if self.total <= 0:
+            return float("inf")
+        hi = self.edges[1:].copy()
+        hi[-1] = 2.0 * self.edges[-2]
+        return float(np.sum(self.weights * np.minimum(hi, radius) ** 2) / self.total)
+
+    def overflow_share(self) -> float:
+        return float(self.weights[-1] / self.total) if self.total > 0 else 1.0
+
+
+def deviation_profile(
+    backend: Aggregates,
+    column: str,
+    group: GroupRange,
+    epsilon: float,
+    noise: NoiseSource,
+    center: float,
+    low: float,
+    high: float,
+) -> DeviationProfile:
+    """Private histogram of ``|Y - center|`` on quarter-octave bins from ``low`` to ``high``.
+
+    ``low`` and ``high`` must be public (functions of earlier DP outputs); they are rounded out to
+    powers of two. Bins below ``low`` merge into an underflow bin, above ``high`` into an overflow
+    bin (per-person transforms of exact counts, before noise). Laplace(1/epsilon) on every bin.
+
+    Privacy
+    -------
+    epsilon-DP under add/remove (each person in one bin).
+    """
+    if not (0 < low < high and math.isfinite(high)):
+        raise InvalidParameterError(f"need 0 < low < high < inf, got {low!r}, {high!r}")
+    e_lo = max(int(math.floor(math.log2(low))), MIN_EXPONENT + 1)
+    e_hi = min(int(math.ceil(math.log2(high))), 996)
+    n_sub = len(QUARTER_OCTAVE) + 1
+    n_inner = (e_hi - e_lo) * n_sub
+    counts = backend.log_histogram(column, center, group, QUARTER_OCTAVE)
+    dense = np.zeros(n_inner + 2)
+    for k, c in counts.items():
+        if k == 0:
+            dense[0] += c
+            continue
+        idx = abs(k) - 1
+        e = MIN_EXPONENT + idx // n_sub
+        pos = (e - e_lo) * n_sub + idx % n_sub
+        dense[min(max(pos + 1, 0), n_inner + 1)] += c
+    noisy, scale = pure_dp_histogram(dense, epsilon, noise)
+    inner_edges = [math.ldexp(edge, e) for e in range(e_lo, e_hi) for edge in (1.0,) + QUARTER_OCTAVE]
+    edges = np.array([0.0] + inner_edges + [math.ldexp(1.0, e_hi), math.inf])
+    # Noise floor: with probability 1 - FLOOR_BETA no empty bin's noise exceeds it. Bins below
+    # it are read as empty, so that noise in far, empty bins does not inflate the bias bound.
+    floor = scale * math.log(len(dense) / FLOOR_BETA)
+    return DeviationProfile(edges, np.where(noisy > floor, noisy, 0.0), floor, np.asarray(noisy))
+
+
+@dataclass(frozen=True)
+class TailModel:
+    """Survival function of ``|Y - c|`` read off a deviation profile (post-processing only).
+
+    Measured part: ``S(e_j)`` = noisy count at or beyond edge ``e_j`` over the noisy total, kept
+    only where that count is at least ``MEASURED_SD`` of its own noise standard deviations and
+    made non-increasing. Beyond the last measured edge ``x*`` a power law
+    ``S(x) = S(x*) (x / x*)^-alpha`` is assumed, ``alpha`` fitted by least squares on the
+    measured tail (``S <= 0.5``); without two such points the tail beyond ``x*`` is taken as
+    empty (``alpha = inf``). ``alpha <= 1`` makes every bias bound infinite.
+    """
+
+    edges: np.ndarray  # measured edges, increasing
+    survival: np.ndarray  # S at those edges
+    alpha: float
+
+    def bias(self, radius: float) -> float:
+        """Model bound on ``E[(|Y - c| - radius)+]`` (the largest clipping bias at ``radius``)."""
+        xs, ss = self.edges, self.survival
+        x_star, s_star = float(xs[-1]), float(ss[-1])
+        total = 0.0
+        # measured part: S is a step function, S(x) <= S(e_j) for x >= e_j
+        for j in range(len(xs) - 1):
+            lo, hi = max(float(xs[j]), radius), float(xs[j + 1])
+            if hi > lo:
+                total += float(ss[j]) * (hi - lo)
+        start = max(radius, x_star)
+        if s_star <= 0 or math.isinf(self.alpha):
+            return total
+        if self.alpha <= 1.0:
+            return math.inf
+        # integral of s_star (x / x_star)^-alpha from start to inf
+        return total + s_star * x_star * (start / x_star) ** (1.0 - self.alpha) / (self.alpha - 1.0)
+
+
+#: The power law is fitted on the last TAIL_FIT_POINTS measured edges with S <= 0.2, and its
+#: exponent floored at MIN_ALPHA (a tail heavier than x^-1.5 is reported as an assumption).
+TAIL_FIT_POINTS = 6
+TAIL_FIT_MAX_SURVIVAL = 0.2
+MIN_ALPHA = 1.5
+#: A survival count is "measured" when it is at least this many of its noise sds.
+MEASURED_SD = 4.0
+
+
+def tail_model(profile: "DeviationProfile", epsilon: float) -> TailModel:
+    """Fit :class:`TailModel` to a profile's raw noisy counts (post-processing only)."""
+    raw = profile.raw_weights
+    n_bins = raw.size
+    total = float(np.sum(raw))
+    if total <= 0:
+        return TailModel(np.array([0.0, 1.0]), np.array([1.0, 1.0]), 1.0)
+    cum = np.cumsum(raw[::-1])[::-1]  # count at or beyond the lower edge of bin i
+    sd = np.sqrt(2.0 * np.arange(n_bins, 0, -1)) / epsilon
+    measured = (cum >= MEASURED_SD * sd) & (np.arange(n_bins) >= 1)
+    idx = np.nonzero(measured)[0]
+    if idx.size == 0:
+        return TailModel(np.array([0.0, float(profile.edges[1])]), np.array([1.0, 1.0]), 1.0)
+    last = int(idx[-1])
+    xs = np.concatenate([[0.0], profile.edges[1 : last + 1]])
+    ss = np.concatenate([[1.0], np.minimum(cum[1 : last + 1] / total, 1.0)])
+    ss = np.minimum.accumulate(ss)
+    tail = np.nonzero((ss <= TAIL_FIT_MAX_SURVIVAL) & (xs > 0) & (ss > 0))[0][-TAIL_FIT_POINTS:]
+    if tail.size >= 2:
+        slope = np.polyfit(np.log(xs[tail]), np.log(ss[tail]), 1)[0]
+        alpha = float(max(-slope, MIN_ALPHA))
+    else:
+        alpha = math.inf
+    return TailModel(xs, ss, alpha)
+
+
+def profile_quantile(profile: "DeviationProfile", q: float) -> float:
+    """Upper edge of the bin where the noisy CDF of ``|Y - c|`` first reaches ``q``.
+
+    The CDF is the cumulative sum of the released (raw) noisy counts over their total, made
+    non-decreasing; post-processing only.
+    """
+    raw = profile.raw_weights
+    total = float(np.sum(raw))
+    if total <= 0:
+        return float(profile.edges[-2])
+    cdf = np.maximum.accumulate(np.cumsum(raw) / total)
+    idx = int(np.searchsorted(cdf, q, side="left"))
+    return float(profile.edges[min(idx + 1, len(profile.edges) - 2)])
+
+
+def choose_radius(profile: "DeviationProfile", n_eps: float, k: float = 4.0, q: float = 0.9) -> float:
+    """Clipping radius ``rho = Q_q(|Y - c|) * max(2, (n eps)^(1/k))``.
+
+    The paper's balance of clipping bias against noise for k-th moments (spec §2.3 step 4,
+    ``rho ~ s (n eps)^(1/k)``) with the unknown moment scale ``s`` replaced by a DP quantile of
+    the deviations; ``n_eps`` is a DP estimate of the fine group's size times its epsilon.
+    Post-processing only.
+    """
+    factor = 2.0 if math.isinf(k) else max(2.0, max(n_eps, 1.0) ** (1.0 / k))
+    return profile_quantile(profile, q) * factor
