@@ -32,12 +32,11 @@ def _print_release(result) -> None:
           " (add/remove one person)\n")
     for r in result.rows:
         if r.status == "OK":
-            print(
-                f"  {r.statistic}: {r.estimate[0]:.4f} +/- {r.error_bar[0]:.4f} "
-                f"({int(r.error_level * 100)}% bar: {r.error_covers.split(';')[0]})"
-            )
+            bar = "no error bar" if r.error_bar is None else f"+/- {r.error_bar[0]:.4f} ({int(r.error_level * 100)}% error bar)"
+            print(f"  {r.statistic}: {r.estimate[0]:.4f} {bar}")
+            print(f"      the bar covers {r.error_covers.removeprefix('the ')}")
         else:
-            print(f"  {r.statistic}: {r.status}")
+            print(f"  {r.statistic}: {r.status}: {r.error_covers.removeprefix('none: ')}")
         print(f"      estimand: {r.estimand}; epsilon={r.epsilon:.4g}, delta={r.delta:.3g}")
 
 

@@ -69,23 +69,37 @@ class BudgetConfig(_Frozen):
 
 
 class MeanOptions(_Frozen):
-    """Options of the person-level mean (``kind: mean``).
+    """Options of the person-level mean (``kind: mean``). All optional.
 
-    ``scale``: public scale of the person means, data units (a bound on the k-th moment root of
-    how far a person's mean sits from the mean over persons). ``range_bound``: public R with
-    ``|mean| <= R``, needed only when delta = 0. ``k``: moment order.
+    Default (no ``scale``): the scale-free estimator finds the range, centre and clipping radius
+    privately (``dplib.mean.scale_free``). ``exponent_range``: binary exponents of its pure-DP
+    magnitude buckets, used only when delta = 0.
+
+    With ``scale`` (public scale of the person means in data units, a bound on the k-th moment
+    root of how far a person's mean sits from the mean over persons): the paper's estimator
+    with that declared scale (``dplib.mean.univariate``); ``range_bound`` (public R with
+    ``|mean| <= R``) is then needed when delta = 0; ``coarse_fraction`` is its coarse share.
+    ``k``: moment order, used by both.
     """
 
-    scale: float
+    scale: float | None = None
     k: float = 4.0
     range_bound: float | None = None
     coarse_fraction: float = 0.25
+    exponent_range: tuple[int, int] = (-40, 60)
 
     @field_validator("scale")
     @classmethod
-    def _scale(cls, v: float) -> float:
-        if not math.isfinite(v) or v <= 0:
+    def _scale(cls, v: float | None) -> float | None:
+        if v is not None and (not math.isfinite(v) or v <= 0):
             raise ValueError(f"must be finite and > 0, in data units (got {v!r})")
+        return v
+
+    @field_validator("exponent_range")
+    @classmethod
+    def _exp(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if not (-1000 < v[0] < v[1] < 997):
+            raise ValueError(f"must be [lo, hi] with -1000 < lo < hi < 997 (got {list(v)})")
         return v
 
     @field_validator("k")
@@ -187,9 +201,10 @@ class JobConfig(_Frozen):
         if dup:
             raise ValueError(f"statistic names must be unique; repeated: {dup}")
         for s in self.statistics:
-            if self.budget.delta == 0 and s.options.range_bound is None:
+            if self.budget.delta == 0 and s.options.scale is not None and s.options.range_bound is None:
                 raise ValueError(
-                    f"statistic {s.name!r}: budget.delta = 0 (pure DP) needs options.range_bound"
+                    f"statistic {s.name!r}: budget.delta = 0 (pure DP) with a declared options.scale "
+                    "needs options.range_bound (or drop options.scale for the scale-free estimator)"
                 )
             if self.privacy_unit.column in s.columns:
                 raise ValueError(f"statistic {s.name!r} uses the privacy unit column as a value")

@@ -22,9 +22,13 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Union
 
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.groups import new_salt
+from dplib.mean.scale_free import ALGORITHM as SF_ALGORITHM
+from dplib.mean.scale_free import ALGORITHM_VERSION as SF_VERSION
+from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
 from dplib.mean.univariate import ALGORITHM, ALGORITHM_VERSION, UnivariateMeanPlan, univariate_person_mean
 from dplib.mechanisms import NoiseSource, production_noise
 from spark_jobs import __version__
@@ -36,18 +40,39 @@ log = logging.getLogger("person_dp.job")
 ESTIMAND_MEAN = "mean over persons of each person's mean of {col} (persons weighted equally)"
 
 
-def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> UnivariateMeanPlan:
-    """The public plan of one statistic, from the config alone."""
+MeanPlan = Union[UnivariateMeanPlan, ScaleFreeMeanPlan]
+
+
+def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
+    """The public plan of one statistic, from the config alone: the scale-free estimator unless
+    the config declares a scale."""
     total = Budget(cfg.budget.epsilon, cfg.budget.delta)
+    opts = stat.options
+    if opts.scale is None:
+        return ScaleFreeMeanPlan(
+            budget=total.scaled(stat.share),
+            budget_mode=cfg.budget.budget_mode,
+            k=opts.k,
+            exponent_range=opts.exponent_range,
+        )
     return UnivariateMeanPlan(
         budget=total.scaled(stat.share),
-        scale=stat.options.scale,
-        k=stat.options.k,
+        scale=opts.scale,
+        k=opts.k,
         m=1,
-        range_bound=stat.options.range_bound,
+        range_bound=opts.range_bound,
         budget_mode=cfg.budget.budget_mode,
-        coarse_fraction=stat.options.coarse_fraction,
+        coarse_fraction=opts.coarse_fraction,
     )
+
+
+def run_statistic(backend, column: str, plan: MeanPlan, noise: NoiseSource, accountant: Accountant, prefix: str):
+    """Run the estimator a plan belongs to; returns ``(MeanRelease, algorithm, algorithm_version)``."""
+    if isinstance(plan, ScaleFreeMeanPlan):
+        rel = scale_free_person_mean(backend, column, plan, noise, accountant, prefix)
+        return rel, SF_ALGORITHM, SF_VERSION
+    rel = univariate_person_mean(backend, column, plan, noise, accountant, prefix)
+    return rel, ALGORITHM, ALGORITHM_VERSION
 
 
 @dataclass(frozen=True)
@@ -55,7 +80,7 @@ class JobPlan:
     """The whole run's privacy plan: every stage, its persons and its budget."""
 
     config: JobConfig
-    plans: dict[str, UnivariateMeanPlan]
+    plans: dict[str, MeanPlan]
     charges: list[Charge]
 
     @property
@@ -78,9 +103,13 @@ class JobPlan:
                 f"  - {c.stage:<48} persons {str(c.group):<12} epsilon={c.budget.epsilon:.4g} delta={c.budget.delta:.3g}"
             )
         for name, p in self.plans.items():
-            lines.append(
-                f"  {name}: bin width r={p.bin_width:.4g}, coarse error bound u={p.coarse_error_bound:.4g}, k={p.k:g}"
-            )
+            if isinstance(p, UnivariateMeanPlan):
+                lines.append(
+                    f"  {name}: declared scale {p.scale:g}: bin width r={p.bin_width:.4g}, "
+                    f"coarse error bound u={p.coarse_error_bound:.4g}, k={p.k:g}"
+                )
+            else:
+                lines.append(f"  {name}: scale-free (range, centre and radius found privately), k={p.k:g}")
         lines.append(f"total cost (composed): epsilon={eps:.6g}, delta={delta:.3g}")
         lines.append(f"output: {cfg.output.path}/releases (Delta)")
         return "\n".join(lines)
@@ -182,7 +211,9 @@ def run_job(
         for stat in cfg.statistics:
             t1 = time.monotonic()
             plan = job_plan.plans[stat.name]
-            rel = univariate_person_mean(backend, stat.columns[0], plan, noise, accountant, f"{stat.name}: ")
+            rel, algorithm, algorithm_version = run_statistic(
+                backend, stat.columns[0], plan, noise, accountant, f"{stat.name}: "
+            )
             log.info("statistic %s: %s in %.1fs", stat.name, rel.status, time.monotonic() - t1)
             rows.append(
                 ReleaseRow(
@@ -198,8 +229,8 @@ def run_job(
                     kind=stat.kind,
                     columns=list(stat.columns),
                     estimand=ESTIMAND_MEAN.format(col=stat.columns[0]),
-                    algorithm=ALGORITHM,
-                    algorithm_version=ALGORITHM_VERSION,
+                    algorithm=algorithm,
+                    algorithm_version=algorithm_version,
                     status=rel.status,
                     estimate=None if rel.estimate is None else [rel.estimate],
                     estimate_shape=[1],
@@ -208,7 +239,7 @@ def run_job(
                     neighbouring="add/remove all records of one person",
                     noise_scale=rel.noise_scale,
                     noise_source=noise.name,
-                    error_bar=None if rel.error_bar is None else [rel.error_bar],
+                    error_bar=None if rel.error_bar is None else [rel.error_bar],  # None: no honest bar
                     error_level=rel.error_level,
                     error_covers=rel.error_covers,
                     parameters=to_json({**rel.parameters, "m_min": cfg.summary.m_min}),

@@ -39,3 +39,14 @@ def flights_sample(tmp_path_factory):
     path = tmp_path_factory.mktemp("flights") / "flights_sample.parquet"
     df.to_parquet(path, index=False)
     return str(path), df
+
+
+@pytest.fixture(scope="session")
+def flights_full(tmp_path_factory):
+    """All 336,776 flights as a Parquet file, plus the pandas frame."""
+    from spark_jobs.datasets import load_flights
+
+    df = load_flights()
+    path = tmp_path_factory.mktemp("flights_full") / "flights.parquet"
+    df.to_parquet(path, index=False)
+    return str(path), df

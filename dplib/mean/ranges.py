@@ -97,6 +97,7 @@ def magnitude_range(
     noise: NoiseSource,
     q: float = 0.9,
     exponent_range: tuple[int, int] = (-40, 60),
+    octaves: int = 1,
 ) -> MagnitudeRange | None:
     """Private smallest interval holding about a fraction ``q`` of the persons' means.
 
@@ -112,6 +113,8 @@ def magnitude_range(
     noise : NoiseSource
     q : float
         Fraction of the noisy mass the interval must hold.
+    octaves : int
+        Octaves per bucket (exponents ``e`` with the same ``e - e % octaves`` share a bucket).
 
     Returns
     -------
@@ -124,7 +127,15 @@ def magnitude_range(
     """
     if not (0.5 <= q < 1.0):
         raise InvalidParameterError(f"q must be in [0.5, 1), got {q!r}")
-    counts = backend.log_histogram(column, 0.0, group)
+    exact = backend.log_histogram(column, 0.0, group)
+    # Merge exponents into buckets of `octaves` octaves (a per-person transform of exact counts,
+    # before any noise): fewer, fuller buckets, so the threshold is passed with fewer persons.
+    counts: dict[int, int] = {}
+    for k, c in exact.items():
+        if k != 0:
+            e = _key_exponent(k)
+            k = _key(e - (e % octaves), 1 if k > 0 else -1)
+        counts[k] = counts.get(k, 0) + c
     if delta > 0:
         released, _, _ = thresholded_histogram(counts, epsilon, delta, noise)
         if not released:
@@ -135,7 +146,7 @@ def magnitude_range(
         e_min, e_max = exponent_range
         if not (MIN_EXPONENT < e_min < e_max < 997):
             raise InvalidParameterError(f"exponent_range must satisfy {MIN_EXPONENT} < lo < hi < 997, got {exponent_range!r}")
-        keys = [0] + [_key(e, s) for s in (-1, 1) for e in range(e_min, e_max + 1)]
+        keys = [0] + [_key(e, s) for s in (-1, 1) for e in range(e_min, e_max + 1) if e % octaves == 0]
         index = {k: i for i, k in enumerate(keys)}
         dense = np.zeros(len(keys))
         for k, c in counts.items():
@@ -143,7 +154,7 @@ def magnitude_range(
                 dense[index[0]] += c
             else:
                 e = min(_key_exponent(k), e_max)
-                dense[index[_key(e, 1 if k > 0 else -1)]] += c
+                dense[index[_key(e - (e % octaves), 1 if k > 0 else -1)]] += c
         noisy, _ = pure_dp_histogram(dense, epsilon, noise)
         weights = list(noisy)
         if sum(max(w, 0.0) for w in weights) <= 0:
@@ -154,7 +165,9 @@ def magnitude_range(
             bound = 2.0 ** exponent_range[0]
             intervals.append((-bound, bound))
         else:
-            intervals.append(_bucket_interval(k, ()))
+            lo, hi = _bucket_interval(k, ())
+            grow = 2.0 ** (octaves - 1)  # the bucket spans `octaves` octaves from its first
+            intervals.append((lo, hi * grow) if k > 0 else (lo * grow, hi))
     lower, upper = smallest_window(intervals, weights, q)
     return MagnitudeRange(lower, upper, float(sum(max(w, 0.0) for w in weights)))
 

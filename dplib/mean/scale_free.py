@@ -39,6 +39,7 @@ from dplib.aggregates import Aggregates
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
+from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import choose_radius, deviation_profile, magnitude_range, tail_model, window_center
 from dplib.mean.univariate import ERROR_LEVEL, STATUS_INSUFFICIENT, STATUS_OK, MeanRelease, count_weight
 from dplib.mechanisms import NoiseSource, laplace_mechanism
@@ -70,6 +71,8 @@ class ScaleFreeMeanPlan:
         Shares of the hash range for the four stages.
     range_quantile : float
         Fraction of persons the stage-1 interval must hold (0.9).
+    k : float, default 4
+        Moment order of the radius balance ``rho ~ Q (n eps)^(1/k)`` (>= 2, or inf).
     exponent_range : (int, int)
         Binary exponents of the pure-DP magnitude buckets (public; delta == 0 only).
     group : GroupRange
@@ -85,6 +88,7 @@ class ScaleFreeMeanPlan:
     fractions: tuple[float, float, float, float] = (0.10, 0.10, 0.15, 0.65)
     range_quantile: float = 0.9
     k: float = 4.0
+    range_octaves: int = 1
     exponent_range: tuple[int, int] = (-40, 60)
     group: GroupRange = ALL_PERSONS
 
@@ -98,6 +102,7 @@ class ScaleFreeMeanPlan:
             raise InvalidParameterError(f"fractions must be 4 positive numbers summing to 1, got {self.fractions!r}")
         if not (0.5 <= self.range_quantile < 1.0):
             raise InvalidParameterError(f"range_quantile must be in [0.5, 1), got {self.range_quantile!r}")
+        object.__setattr__(self, "k", check_moment_order(self.k))
         lo, hi = self.exponent_range
         if not (-1000 < lo < hi < 997):
             raise InvalidParameterError(f"exponent_range must satisfy -1000 < lo < hi < 997, got {self.exponent_range!r}")
@@ -228,10 +233,15 @@ def scale_free_person_mean(
     # 1. magnitude range
     charge(0)
     rng_out = magnitude_range(
-        backend, column, g_range, b_range.epsilon, b_range.delta, noise, plan.range_quantile, plan.exponent_range
+        backend, column, g_range, b_range.epsilon, b_range.delta, noise, plan.range_quantile, plan.exponent_range,
+        plan.range_octaves,
     )
     if rng_out is None:
-        return _insufficient("no magnitude bucket passed the threshold", accountant, start, params)
+        return _insufficient(
+            "no magnitude bucket passed the threshold (too few persons for the scale-free estimator "
+            "at this budget: about 2,000 are needed at epsilon 0.5; or declare options.scale)",
+            accountant, start, params,
+        )
     lower, upper = rng_out.lower, rng_out.upper
     params.update({"range_lower": lower, "range_upper": upper})
 
@@ -251,7 +261,8 @@ def scale_free_person_mean(
     model = tail_model(profile, b_profile.epsilon)
     rho = choose_radius(profile, n_fine_hat * b_fine.epsilon, plan.k, RADIUS_QUANTILE)
     bias_bound = model.bias(rho)
-    spread2 = profile.second_moment(rho)
+    # the clipped person means lie within rho of the centre: their variance is at most rho^2
+    spread2 = min(profile.second_moment(rho), rho * rho)
 
     # 4. fine clip-and-noise
     charge(3)
@@ -269,12 +280,19 @@ def scale_free_person_mean(
     sampling_sd = math.sqrt(max(spread2, 0.0) * max(1.0 / denom - 1.0 / n_all_hat, 0.0))
     half = noise_and_sampling_quantile(scale / denom, abs(deviation) * scale / c / denom, sampling_sd) + bias_bound
     overflow = profile.overflow_share()
+    if not math.isfinite(half):
+        half = None
     covers = (
         "the exact dataset statistic, at 90%: Laplace noise of the fine stage (sum and count), "
         "sampling of persons into the fine group (normal approximation, DP spread bound) and a DP "
         "bound on the clipping bias"
     )
-    if overflow > OVERFLOW_WARN:
+    if half is None:
+        covers = (
+            "nothing: the deviation profile's tail is too heavy (fitted power below 1) to bound the "
+            "clipping bias; the estimate is private but has no honest error bar"
+        )
+    elif overflow > OVERFLOW_WARN:
         covers += (
             "; WARNING: some persons lie beyond the deviation histogram, whose bias is bounded "
             "assuming they sit within twice its top edge"
@@ -290,4 +308,6 @@ def scale_free_person_mean(
             "profile_overflow_share": round(overflow, 4),
         }
     )
-    return MeanRelease(STATUS_OK, float(estimate), float(half), ERROR_LEVEL, covers, scale, eps, delta, params)
+    return MeanRelease(
+        STATUS_OK, float(estimate), None if half is None else float(half), ERROR_LEVEL, covers, scale, eps, delta, params
+    )

@@ -20,7 +20,10 @@ from spark_jobs.job import plan_job, run_job
 pytestmark = pytest.mark.spark
 
 
-def make_config(input_path, out, fmt="parquet", **budget):
+def make_config(input_path, out, fmt="parquet", options=None, **budget):
+    """Two statistics; ``options=None`` runs the scale-free estimator, {"scale": 30} the
+    declared-scale one."""
+    options = options or {}
     return parse_config(
         {
             "job_name": "flights-test",
@@ -28,8 +31,8 @@ def make_config(input_path, out, fmt="parquet", **budget):
             "privacy_unit": {"column": "tailnum"},
             "budget": {"epsilon": 1.0, "delta": 1e-6, **budget},
             "statistics": [
-                {"name": "arr", "kind": "mean", "columns": ["arr_delay"], "share": 0.5, "options": {"scale": 30}},
-                {"name": "dep", "kind": "mean", "columns": ["dep_delay"], "share": 0.5, "options": {"scale": 30}},
+                {"name": "arr", "kind": "mean", "columns": ["arr_delay"], "share": 0.5, "options": options},
+                {"name": "dep", "kind": "mean", "columns": ["dep_delay"], "share": 0.5, "options": options},
             ],
             "output": {"path": str(out)},
         }
@@ -43,11 +46,12 @@ def exact_person_mean(pdf: pd.DataFrame, col: str) -> tuple[float, int]:
     return float(per.mean()), int(per.size)
 
 
-def test_end_to_end_seeded(spark, flights_sample, tmp_path):
-    path, pdf = flights_sample
+def test_end_to_end_seeded(spark, flights_full, tmp_path):
+    path, pdf = flights_full
     cfg = make_config(path, tmp_path)
     result = run_job(cfg, spark=spark, noise=SeededNoise(2024), run_id="run-seeded")
     assert [r.status for r in result.rows] == ["OK", "OK"]
+    assert result.rows[0].algorithm == "agarwal2024-univariate-person-mean/scale-free"
     assert result.epsilon_spent == pytest.approx(1.0) and result.delta_spent == pytest.approx(1e-6)
 
     table = str(tmp_path / "releases")
@@ -80,7 +84,7 @@ def test_end_to_end_seeded(spark, flights_sample, tmp_path):
 
 def test_two_runs_differ_and_append(spark, flights_sample, tmp_path):
     path, _ = flights_sample
-    cfg = make_config(path, tmp_path)
+    cfg = make_config(path, tmp_path, options={"scale": 30})
     r1 = run_job(cfg, spark=spark)
     r2 = run_job(cfg, spark=spark)
     assert r1.run_id != r2.run_id
@@ -102,8 +106,10 @@ def test_csv_and_delta_inputs(spark, flights_sample, tmp_path):
     delta_path = tmp_path / "flights_delta"
     spark.createDataFrame(small).write.format("delta").save(str(delta_path))
     for fmt, p in (("csv", csv_path), ("delta", delta_path)):
-        res = run_job(make_config(p, tmp_path / f"out_{fmt}", fmt=fmt), spark=spark, noise=SeededNoise(1))
+        cfg = make_config(p, tmp_path / f"out_{fmt}", fmt=fmt, options={"scale": 30})
+        res = run_job(cfg, spark=spark, noise=SeededNoise(1))
         assert len(res.rows) == 2
+        assert res.rows[0].algorithm == "agarwal2024-univariate-person-mean"
         if fmt == "delta":
             assert res.rows[0].input_delta_version == 0
         else:
@@ -164,7 +170,7 @@ def test_bad_budget_refused_before_anything(tmp_path, budget, match):
 def test_dry_run_reads_no_data(tmp_path):
     cfg = make_config(tmp_path / "does-not-exist.parquet", tmp_path)
     text = plan_job(cfg).render()
-    assert "arr: coarse range estimator" in text and "dep: fine clip-and-noise" in text
+    assert "arr: magnitude range" in text and "dep: fine clip-and-noise" in text
     assert "total cost (composed): epsilon=1, delta=1e-06" in text
 
 
@@ -173,7 +179,7 @@ def test_no_salt_or_exact_count_in_logs_or_table(spark, flights_sample, tmp_path
     salt = "5a" * 32
     monkeypatch.setattr("spark_jobs.job.new_salt", lambda: salt)
     caplog.set_level(logging.DEBUG)
-    res = run_job(make_config(path, tmp_path), spark=spark, noise=SeededNoise(5))
+    res = run_job(make_config(path, tmp_path, options={"scale": 30}), spark=spark, noise=SeededNoise(5))
     exact_n = {str(exact_person_mean(pdf, c)[1]) for c in ("arr_delay", "dep_delay")}
     from deltalake import DeltaTable
 
