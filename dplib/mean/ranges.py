@@ -127,6 +127,9 @@ def magnitude_range(
     """
     if not (0.5 <= q < 1.0):
         raise InvalidParameterError(f"q must be in [0.5, 1), got {q!r}")
+    if isinstance(octaves, bool) or not isinstance(octaves, int) or octaves < 1:
+        raise InvalidParameterError(f"octaves must be an integer >= 1, got {octaves!r}")
+    e_base = exponent_range[0] if delta == 0 else 0
     exact = backend.log_histogram(column, 0.0, group)
     # Merge exponents into buckets of `octaves` octaves (a per-person transform of exact counts,
     # before any noise): fewer, fuller buckets, so the threshold is passed with fewer persons.
@@ -134,7 +137,7 @@ def magnitude_range(
     for k, c in exact.items():
         if k != 0:
             e = _key_exponent(k)
-            k = _key(e - (e % octaves), 1 if k > 0 else -1)
+            k = _key(e - ((e - e_base) % octaves), 1 if k > 0 else -1)
         counts[k] = counts.get(k, 0) + c
     if delta > 0:
         released, _, _ = thresholded_histogram(counts, epsilon, delta, noise)
@@ -146,18 +149,22 @@ def magnitude_range(
         e_min, e_max = exponent_range
         if not (MIN_EXPONENT < e_min < e_max < 997):
             raise InvalidParameterError(f"exponent_range must satisfy {MIN_EXPONENT} < lo < hi < 997, got {exponent_range!r}")
-        keys = [0] + [_key(e, s) for s in (-1, 1) for e in range(e_min, e_max + 1) if e % octaves == 0]
+        starts = list(range(e_min, e_max + 1, octaves))
+        keys = [0] + [_key(e, s) for s in (-1, 1) for e in starts]
         index = {k: i for i, k in enumerate(keys)}
         dense = np.zeros(len(keys))
         for k, c in counts.items():
             if k == 0 or _key_exponent(k) < e_min:
                 dense[index[0]] += c
             else:
-                e = min(_key_exponent(k), e_max)
-                dense[index[_key(e - (e % octaves), 1 if k > 0 else -1)]] += c
-        noisy, _ = pure_dp_histogram(dense, epsilon, noise)
-        weights = list(noisy)
-        if sum(max(w, 0.0) for w in weights) <= 0:
+                e = min(_key_exponent(k), starts[-1])
+                dense[index[_key(e, 1 if k > 0 else -1)]] += c
+        noisy, scale = pure_dp_histogram(dense, epsilon, noise)
+        # Noise floor (as in deviation_profile): empty buckets would otherwise add ~J/(2 eps)
+        # of spurious mass and stretch the window over the whole exponent range.
+        floor = scale * math.log(len(dense) / FLOOR_BETA)
+        weights = [float(w) if w > floor else 0.0 for w in noisy]
+        if sum(weights) <= 0:
             return None
     intervals = []
     for k in keys:
@@ -226,15 +233,6 @@ class DeviationProfile:
     def total(self) -> float:
         return float(np.sum(self.weights))
 
-    def second_moment(self, radius: float = math.inf) -> float:
-        """DP estimate of ``mean(min(|Y - c|, radius)^2)`` from the bins above the noise floor
-        (upper bin edges: conservative); bounds the variance of the clipped person means."""
-        if self.total <= 0:
-            return float("inf")
-        hi = self.edges[1:].copy()
-        hi[-1] = 2.0 * self.edges[-2]
-        return float(np.sum(self.weights * np.minimum(hi, radius) ** 2) / self.total)
-
     def overflow_share(self) -> float:
         return float(self.weights[-1] / self.total) if self.total > 0 else 1.0
 
@@ -292,8 +290,8 @@ class TailModel:
     only where that count is at least ``MEASURED_SD`` of its own noise standard deviations and
     made non-increasing. Beyond the last measured edge ``x*`` a power law
     ``S(x) = S(x*) (x / x*)^-alpha`` is assumed, ``alpha`` fitted by least squares on the
-    measured tail (``S <= 0.5``); without two such points the tail beyond ``x*`` is taken as
-    empty (``alpha = inf``). ``alpha <= 1`` makes every bias bound infinite.
+    measured tail; see :func:`tail_model` for the power used. ``alpha <= 1`` makes every bias
+    bound infinite.
     """
 
     edges: np.ndarray  # measured edges, increasing
@@ -318,29 +316,66 @@ class TailModel:
         # integral of s_star (x / x_star)^-alpha from start to inf
         return total + s_star * x_star * (start / x_star) ** (1.0 - self.alpha) / (self.alpha - 1.0)
 
+    def second_moment_ratio(self, radius: float) -> float:
+        """Model bound on ``E[min(|Y - c|, radius)^2] / radius^2`` (in [0, 1]), computed in units
+        of ``radius`` so that huge scales do not overflow; bounds the variance of the clipped
+        person means (the group-sampling term of the error bar)."""
+        xs, ss = self.edges, self.survival
+        total = 0.0
+        for j in range(len(xs) - 1):
+            a, b = min(float(xs[j]) / radius, 1.0), min(float(xs[j + 1]) / radius, 1.0)
+            total += float(ss[j]) * (b * b - a * a)
+        total += _tail_second_moment_ratio(float(ss[-1]), float(xs[-1]), self.alpha, radius)
+        return min(total, 1.0)
+
+    def second_moment(self, radius: float) -> float:
+        """``second_moment_ratio(radius) * radius^2``: ``E[min(|Y - c|, radius)^2]`` bound."""
+        return self.second_moment_ratio(radius) * radius * radius
+
+
+def _tail_second_moment_ratio(s_star: float, x_star: float, alpha: float, radius: float) -> float:
+    """``integral_{x_star}^{radius} 2 x s_star (x / x_star)^-alpha dx / radius^2``, overflow-free."""
+    if radius <= x_star or s_star <= 0 or math.isinf(alpha):
+        return 0.0
+    t = x_star / radius  # in (0, 1)
+    if abs(alpha - 2.0) < 1e-12:
+        return 2.0 * s_star * t * t * math.log(1.0 / t)
+    # 2 s* x*^2 ((rho/x*)^(2-alpha) - 1) / (2 - alpha), divided by rho^2
+    return 2.0 * s_star * (t**alpha - t * t) / (2.0 - alpha)
+
 
 #: The power law is fitted on the last TAIL_FIT_POINTS measured edges with S <= 0.2, and its
-#: exponent floored at MIN_ALPHA (a tail heavier than x^-1.5 is reported as an assumption).
+#: exponent floored at MIN_ALPHA (a fitted tail heavier than x^-1.75 is an assumption the bar
+#: cannot check).
 TAIL_FIT_POINTS = 6
 TAIL_FIT_MAX_SURVIVAL = 0.2
-MIN_ALPHA = 1.5
+MIN_ALPHA = 1.75
 #: A survival count is "measured" when it is at least this many of its noise sds.
 MEASURED_SD = 4.0
 
 
-def tail_model(profile: "DeviationProfile", epsilon: float) -> TailModel:
-    """Fit :class:`TailModel` to a profile's raw noisy counts (post-processing only)."""
+def tail_model(profile: "DeviationProfile", epsilon: float, k: float = 2.0) -> TailModel:
+    """Fit :class:`TailModel` to a profile's raw noisy counts (post-processing only).
+
+    The power beyond the measured region is ``min(fitted alpha, k)``, or ``k`` when no fit is
+    possible: a k-th-moment assumption (Markov: ``S(x) <= E|Y-c|^k / x^k``) is what the bias
+    bound rests on there.
+    """
     raw = profile.raw_weights
     n_bins = raw.size
     total = float(np.sum(raw))
     if total <= 0:
-        return TailModel(np.array([0.0, 1.0]), np.array([1.0, 1.0]), 1.0)
+        # no persons seen at all: no bound (the bias bound is infinite)
+        return TailModel(np.array([0.0, float(profile.edges[1])]), np.array([1.0, 1.0]), 1.0)
     cum = np.cumsum(raw[::-1])[::-1]  # count at or beyond the lower edge of bin i
     sd = np.sqrt(2.0 * np.arange(n_bins, 0, -1)) / epsilon
     measured = (cum >= MEASURED_SD * sd) & (np.arange(n_bins) >= 1)
     idx = np.nonzero(measured)[0]
     if idx.size == 0:
-        return TailModel(np.array([0.0, float(profile.edges[1])]), np.array([1.0, 1.0]), 1.0)
+        # Nothing measurable beyond the underflow bin: beyond its edge there may still be up to
+        # the detection limit of persons (MEASURED_SD noise sds); bound the tail from there.
+        limit = min(MEASURED_SD * float(sd[1]) / total, 1.0) if n_bins > 1 else 1.0
+        return TailModel(np.array([0.0, float(profile.edges[1])]), np.array([1.0, limit]), float(k))
     last = int(idx[-1])
     xs = np.concatenate([[0.0], profile.edges[1 : last + 1]])
     ss = np.concatenate([[1.0], np.minimum(cum[1 : last + 1] / total, 1.0)])
@@ -348,9 +383,9 @@ def tail_model(profile: "DeviationProfile", epsilon: float) -> TailModel:
     tail = np.nonzero((ss <= TAIL_FIT_MAX_SURVIVAL) & (xs > 0) & (ss > 0))[0][-TAIL_FIT_POINTS:]
     if tail.size >= 2:
         slope = np.polyfit(np.log(xs[tail]), np.log(ss[tail]), 1)[0]
-        alpha = float(max(-slope, MIN_ALPHA))
+        alpha = float(min(max(-slope, MIN_ALPHA), k))
     else:
-        alpha = math.inf
+        alpha = float(k)
     return TailModel(xs, ss, alpha)
 
 
@@ -366,7 +401,9 @@ def profile_quantile(profile: "DeviationProfile", q: float) -> float:
         return float(profile.edges[-2])
     cdf = np.maximum.accumulate(np.cumsum(raw) / total)
     idx = int(np.searchsorted(cdf, q, side="left"))
-    return float(profile.edges[min(idx + 1, len(profile.edges) - 2)])
+    if idx + 1 >= len(profile.edges) - 1:  # the overflow bin: take twice its lower edge
+        return 2.0 * float(profile.edges[-2])
+    return float(profile.edges[idx + 1])
 
 
 def choose_radius(profile: "DeviationProfile", n_eps: float, k: float = 4.0, q: float = 0.9) -> float:

@@ -239,7 +239,8 @@ def count_weight(rho: float, u: float) -> float:
     smallest at ``c = (d^2 rho)^(1/3)``; we plug in the public worst case ``d = u``. Accuracy
     only (public inputs); privacy uses whatever ``c`` is chosen. (Spec §6.1 proposes rho/8.)
     """
-    return float(max((u * u * rho) ** (1.0 / 3.0), rho / 8.0))
+    # u^(2/3) rho^(1/3), not (u^2 rho)^(1/3): the product overflows for values above ~1e102
+    return float(max(u ** (2.0 / 3.0) * rho ** (1.0 / 3.0), rho / 8.0))
 
 
 def _diff_of_laplace_quantile(b1: float, b2: float, level: float) -> float:

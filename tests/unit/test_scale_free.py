@@ -1,0 +1,388 @@
+"""Unit tests of the scale-free univariate person mean (:mod:`dplib.mean.scale_free`): plan
+validation and cost, charge-before-noise order, degenerate and extreme data, and the error-bar
+quantile against Monte Carlo.
+
+Expected values are derived independently: costs from the plan's public shares, tolerances from
+the Laplace tail ``P(|Lap(b)| > T) = exp(-T/b)``, quantiles from seeded Monte Carlo samples with
+a binomial tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dplib.aggregates import NumpyAggregates
+from dplib.budget import Accountant, Budget, Charge, composed_cost
+from dplib.errors import BudgetExceededError, InvalidParameterError
+from dplib.groups import ALL_PERSONS, GroupRange
+from dplib.mean.scale_free import ScaleFreeMeanPlan, noise_and_sampling_quantile, scale_free_person_mean
+from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK
+from dplib.mechanisms import SeededNoise
+
+DEFAULT_BUDGET = Budget(1.0, 1e-6)
+
+
+class SnapshotNoise:
+    """SeededNoise that records, at each Laplace call, how many charges the accountant holds."""
+
+    name = "snapshot"
+    secure = False
+
+    def __init__(self, seed: int, accountant: Accountant | None = None) -> None:
+        self.inner = SeededNoise(seed)
+        self.accountant = accountant
+        self.snapshots: list[int] = []
+        self.sizes: list[int] = []
+
+    def add_laplace(self, values, scale):
+        self.snapshots.append(len(self.accountant.charges) if self.accountant is not None else -1)
+        self.sizes.append(int(np.asarray(values).size))
+        return self.inner.add_laplace(values, scale)
+
+    def add_gaussian(self, values, sigma):  # pragma: no cover - never used
+        raise AssertionError("the scale-free mean draws no Gaussian noise")
+
+
+def _gaussian_backend(seed: int, n: int = 3000, mean: float = 3.0, sd: float = 2.0):
+    rng = np.random.default_rng(seed)
+    y = rng.normal(mean, sd, size=n)
+    gi = rng.integers(0, 2**32, size=n)
+    return NumpyAggregates({"v": y}, gi), y, gi
+
+
+# ------------------------------------------------------------------------------------------------
+# plan validation
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"fractions": (0.5, 0.5)}, "fractions"),
+        ({"fractions": (0.1, 0.1, 0.15, 0.66)}, "fractions"),
+        ({"fractions": (0.0, 0.2, 0.3, 0.5)}, "fractions"),
+        ({"fractions": (-0.1, 0.3, 0.3, 0.5)}, "fractions"),
+        ({"fractions": (0.1, 0.1, 0.15, 0.65, 0.0)}, "fractions"),
+        ({"range_quantile": 0.4}, "range_quantile"),
+        ({"range_quantile": 1.0}, "range_quantile"),
+        ({"range_quantile": math.nan}, "range_quantile"),
+        ({"budget_mode": "serial"}, "budget_mode"),
+        ({"budget_mode": "PARALLEL"}, "budget_mode"),
+        ({"budget_mode": None}, "budget_mode"),
+        ({"exponent_range": (5, 5)}, "exponent_range"),
+        ({"exponent_range": (6, 5)}, "exponent_range"),
+        ({"exponent_range": (-1000, 0)}, "exponent_range"),
+        ({"exponent_range": (0, 997)}, "exponent_range"),
+        ({"exponent_range": (math.nan, 5)}, "exponent_range"),
+        ({"k": 1.0}, r"\bk\b"),
+        ({"k": math.nan}, r"\bk\b"),
+    ],
+)
+def test_plan_rejects_bad_parameters(kwargs, name):
+    with pytest.raises(InvalidParameterError, match=name):
+        ScaleFreeMeanPlan(DEFAULT_BUDGET, **kwargs)
+
+
+def test_plan_rejects_non_budget():
+    with pytest.raises(InvalidParameterError, match="budget"):
+        ScaleFreeMeanPlan((1.0, 1e-6))
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"exponent_range": (-10.5, 10)}, "exponent_range"),
+        ({"range_octaves": 0}, "range_octaves"),
+        ({"range_octaves": -2}, "range_octaves"),
+        ({"range_octaves": 1.5}, "range_octaves"),
+    ],
+)
+def test_plan_rejects_unusable_integers(kwargs, name):
+    """Parameters that can only be integers must be refused by the plan, before anything is
+    charged (a non-integer exponent range or octave count makes stage 1 crash after its charge)."""
+    with pytest.raises(InvalidParameterError, match=name):
+        ScaleFreeMeanPlan(Budget(1.0, 0.0), **kwargs)
+
+
+def test_plan_accepts_valid_parameters():
+    plan = ScaleFreeMeanPlan(Budget(0.5, 0.0), "sequential", (0.25, 0.25, 0.25, 0.25), 0.5, 2.0, exponent_range=(-999, 996))
+    assert plan.budget_mode == "sequential"
+    ScaleFreeMeanPlan(DEFAULT_BUDGET, k=math.inf)
+
+
+# ------------------------------------------------------------------------------------------------
+# cost
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [Budget(1.0, 1e-6), Budget(0.3, 0.0), Budget(2.5, 1e-9)], ids=str)
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+@pytest.mark.parametrize("group", [ALL_PERSONS, GroupRange(0.5, 0.9)], ids=str)
+def test_plan_cost_equals_budget(budget, mode, group):
+    plan = ScaleFreeMeanPlan(budget, mode, group=group)
+    charges = plan.charges()
+    eps, delta = composed_cost(charges)
+    assert eps == pytest.approx(budget.epsilon, rel=1e-12)
+    assert delta == pytest.approx(budget.delta, rel=1e-12, abs=0.0)
+    assert plan.cost().epsilon == pytest.approx(budget.epsilon, rel=1e-12)
+    assert len(charges) == 4
+    # delta goes to stage 1 only
+    assert [c.budget.delta for c in charges] == [budget.delta, 0.0, 0.0, 0.0]
+    groups = plan.groups
+    # consecutive, disjoint stage ranges covering the statistic's group, shares as planned
+    assert groups[0].lo == group.lo and groups[-1].hi == group.hi
+    assert all(a.hi == b.lo for a, b in zip(groups, groups[1:]))
+    for g, f in zip(groups, plan.fractions):
+        assert g.fraction == pytest.approx(f * group.fraction, rel=1e-9)
+    if mode == "parallel":
+        assert [c.group for c in charges] == groups
+        assert all(c.budget.epsilon == pytest.approx(budget.epsilon) for c in charges)
+    else:
+        assert all(c.group == group for c in charges)
+        assert math.fsum(c.budget.epsilon for c in charges) == pytest.approx(budget.epsilon, rel=1e-12)
+
+
+def test_parallel_plan_fits_beside_a_disjoint_statistic():
+    """Two parallel-mode statistics on disjoint halves both fit in one epsilon."""
+    acc = Accountant(Budget(1.0, 1e-6))
+    for half in (GroupRange(0.0, 0.5), GroupRange(0.5, 1.0)):
+        acc.check(ScaleFreeMeanPlan(Budget(1.0, 1e-6), group=half).charges())
+        for c in ScaleFreeMeanPlan(Budget(1.0, 1e-6), group=half).charges():
+            acc.charge(c.stage, c.budget, c.group)
+    assert acc.cost() == pytest.approx((1.0, 1e-6))
+
+
+# ------------------------------------------------------------------------------------------------
+# charge before noise; refusal before any noise
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [Budget(1.0, 1e-6), Budget(1.0, 0.0)], ids=["approx", "pure"])
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_each_stage_charged_before_its_noise(budget, mode):
+    backend, _, _ = _gaussian_backend(1, n=20000)
+    plan = ScaleFreeMeanPlan(budget, mode)
+    acc = Accountant(budget)
+    noise = SnapshotNoise(5, acc)
+    rel = scale_free_person_mean(backend, "v", plan, noise, acc, stage_prefix="x: ")
+    assert rel.status == STATUS_OK
+    assert len(noise.snapshots) == 4
+    for i, seen in enumerate(noise.snapshots):
+        assert seen >= i + 1, f"noise call {i} drawn before its stage was charged"
+    assert noise.snapshots == [1, 2, 3, 4]
+    assert [c.stage for c in acc.charges] == [c.stage for c in plan.charges("x: ")]
+    assert all(c.stage.startswith("x: ") for c in acc.charges)
+    assert (rel.epsilon, rel.delta) == pytest.approx((budget.epsilon, budget.delta))
+    # the fine stage releases exactly two numbers (sum and weighted count)
+    assert noise.sizes[-1] == 2
+
+
+@pytest.mark.parametrize(
+    "limit,pre",
+    [
+        (Budget(0.5, 1e-6), []),
+        (Budget(1.0, 1e-7), []),
+        (Budget(1.5, 1e-6), [Charge("other", Budget(0.6), ALL_PERSONS)]),
+        (Budget(1.0, 1e-6), [Charge("other", Budget(0.1), GroupRange(0.95, 1.0))]),
+    ],
+)
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_too_small_accountant_refuses_before_any_noise(limit, pre, mode):
+    backend, _, _ = _gaussian_backend(2)
+    acc = Accountant(limit, list(pre))
+    noise = SnapshotNoise(0, acc)
+    with pytest.raises(BudgetExceededError):
+        scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(Budget(1.0, 1e-6), mode), noise, acc)
+    assert noise.snapshots == []
+    assert acc.charges == list(pre)
+
+
+def test_disjoint_earlier_charge_does_not_block_parallel_plan():
+    backend, _, _ = _gaussian_backend(3)
+    acc = Accountant(Budget(1.0, 1e-6), [Charge("other", Budget(1.0, 1e-6), GroupRange(0.5, 1.0))])
+    rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(Budget(1.0, 1e-6), group=GroupRange(0.0, 0.5)), SeededNoise(1), acc)
+    assert rel.epsilon == pytest.approx(1.0) and len(acc.charges) == 5
+    assert acc.cost() == pytest.approx((1.0, 1e-6))
+
+
+# ------------------------------------------------------------------------------------------------
+# degenerate and extreme data
+# ------------------------------------------------------------------------------------------------
+
+#: Each Laplace draw exceeds this many scales with probability exp(-20.7) = 1e-9.
+LAPLACE_TAIL_SCALES = math.log(1e9)
+
+
+def _constant_release(value: float, seed: int, n: int = 3000):
+    gi = np.random.default_rng([77, seed]).integers(0, 2**32, size=n)
+    backend = NumpyAggregates({"v": np.full(n, value)}, gi)
+    return scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(seed))
+
+
+@pytest.mark.parametrize("value", [5.0, 0.0, 5.25, -1e-200, 2.0**-1000, 1e90], ids=str)
+@pytest.mark.parametrize("seed", range(4))
+def test_constant_data_estimate(value, seed):
+    """All persons equal: every clipped deviation is d = value - centre, so
+    estimate - value = (e_S - d e_N / c) / N~ with e_S, e_N ~ Lap(noise_scale)."""
+    rel = _constant_release(value, seed)
+    assert rel.status == STATUS_OK
+    p = rel.parameters
+    center, rho, c = p["coarse_center"], p["clipping_radius"], p["count_weight"]
+    d = value - center
+    assert abs(d) <= rho  # nobody is clipped
+    n_noisy = p["noisy_person_count"] - 0.05  # released rounded to 0.1
+    assert n_noisy > 0
+    t = LAPLACE_TAIL_SCALES * rel.noise_scale
+    tol = t * (1.0 + abs(d) / c) / n_noisy + rho / 2.0**30 + 1e-320  # + fixed-point rounding
+    assert abs(rel.estimate - value) <= tol
+
+
+@pytest.mark.parametrize("value", [-1e120, 1e200, 1e299], ids=str)
+def test_constant_data_of_large_magnitude(value):
+    """Values are clamped only at 1e300: a scale-free estimator must run on data whose scale is
+    1e120 or 1e200 (no overflow in its own formulas), with the same tolerance as above."""
+    test_constant_data_estimate(value, 0)
+
+
+def test_gaussian_data_of_large_magnitude():
+    rng = np.random.default_rng(12)
+    y = rng.normal(3.0, 2.0, size=4000) * 1e150
+    rel = scale_free_person_mean(NumpyAggregates({"v": y}, rng.integers(0, 2**32, size=y.size)), "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(0))
+    assert rel.status == STATUS_OK
+    assert abs(rel.estimate - np.mean(y)) < 0.5e150
+    assert rel.error_bar is not None and math.isfinite(rel.error_bar)
+
+
+@pytest.mark.parametrize("value", [5.0, 0.0, 5.25], ids=str)
+def test_constant_data_has_finite_error_bar(value):
+    """Constant data is the easiest case: the error bar must exist and be finite (its bias part
+    is zero; every deviation sits in one bin of the profile)."""
+    for seed in range(3):
+        rel = _constant_release(value, seed)
+        assert rel.status == STATUS_OK
+        assert rel.error_bar is not None and math.isfinite(rel.error_bar), rel.error_covers
+
+
+@pytest.mark.parametrize("stage", range(4))
+@pytest.mark.parametrize("extreme", [1e308, -1e308])
+def test_one_extreme_person(stage, extreme):
+    """One person at +-1e308 among 3000 N(0, 1) persons, placed in each stage's hash range."""
+    rng = np.random.default_rng([5, stage, extreme > 0])
+    n = 3000
+    y = rng.normal(0.0, 1.0, size=n + 1)
+    gi = rng.integers(0, 2**32, size=n + 1)
+    plan = ScaleFreeMeanPlan(DEFAULT_BUDGET)
+    g = plan.groups[stage]
+    y[0], gi[0] = extreme, int((g.lo + g.hi) / 2 * 2**32)
+    others = float(np.mean(y[1:]))
+    rel = scale_free_person_mean(NumpyAggregates({"v": y}, gi), "v", plan, SeededNoise(stage))
+    assert rel.status == STATUS_OK
+    assert abs(rel.estimate - others) < 0.5
+    assert rel.error_bar is not None and math.isfinite(rel.error_bar)
+    assert math.isfinite(rel.noise_scale)
+
+
+@pytest.mark.parametrize("n", [0, 1])
+@pytest.mark.parametrize("mode,stage1_eps", [("parallel", 1.0), ("sequential", 0.125)])
+def test_insufficient_data_reports_charged_budget(n, mode, stage1_eps):
+    backend = NumpyAggregates({"v": np.full(n, 4.0)}, np.full(n, 7, dtype=np.int64))
+    acc = Accountant(DEFAULT_BUDGET)
+    rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET, mode), SeededNoise(0), acc)
+    assert rel.status == STATUS_INSUFFICIENT
+    assert rel.estimate is None and rel.error_bar is None
+    assert len(acc.charges) == 1  # stage 1 only
+    assert rel.epsilon == pytest.approx(stage1_eps)
+    assert rel.delta == pytest.approx(1e-6)
+
+
+@pytest.mark.parametrize("n", [0, 1, 20, 300])
+def test_pure_dp_small_data_does_not_crash(n):
+    """With delta = 0 stage 1 always releases something (Laplace on every bucket), so the
+    estimator runs to the end on tiny data: it must not raise."""
+    for seed in range(4):
+        rng = np.random.default_rng([9, n, seed])
+        backend = NumpyAggregates({"v": rng.normal(0.0, 1.0, size=n)}, rng.integers(0, 2**32, size=n))
+        rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(Budget(1.0, 0.0)), SeededNoise(seed))
+        assert rel.status in (STATUS_OK, STATUS_INSUFFICIENT)
+        if rel.status == STATUS_OK:
+            assert math.isfinite(rel.estimate)
+            assert rel.error_bar is None or rel.error_bar >= 0
+
+
+# ------------------------------------------------------------------------------------------------
+# scale equivariance (exact for powers of two)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [-40, -20, 20, 60, 300, 400])
+def test_power_of_two_scaling_is_equivariant(k):
+    """Multiplying every person's value by 2**k changes no bin membership and no noise draw (up
+    to the same factor): the release must scale by 2**k, estimate and error bar alike."""
+    backend, y, gi = _gaussian_backend(11, n=4000)
+    plan = ScaleFreeMeanPlan(DEFAULT_BUDGET)
+    base = scale_free_person_mean(backend, "v", plan, SeededNoise(4))
+    f = math.ldexp(1.0, k)
+    scaled = scale_free_person_mean(NumpyAggregates({"v": y * f}, gi), "v", plan, SeededNoise(4))
+    assert scaled.estimate / f == pytest.approx(base.estimate, rel=1e-12)
+    assert scaled.noise_scale / f == pytest.approx(base.noise_scale, rel=1e-12)
+    assert scaled.error_bar / f == pytest.approx(base.error_bar, rel=1e-4)
+
+
+@pytest.mark.parametrize("f", [2.0**-40, 2.0**-10, 2.0**30], ids=str)
+@pytest.mark.parametrize("a,b,s", [(1.0, 0.5, 0.0), (1.0, 0.5, 1.0)])
+def test_noise_and_sampling_quantile_is_homogeneous(f, a, b, s):
+    assert noise_and_sampling_quantile(a * f, b * f, s * f) / f == pytest.approx(noise_and_sampling_quantile(a, b, s), rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# noise_and_sampling_quantile against Monte Carlo
+# ------------------------------------------------------------------------------------------------
+
+MC_N = 1_000_000
+#: |fraction - level| <= 5 binomial sds (two-sided false alarm ~6e-7 per case)
+MC_TOL = 5.0 * math.sqrt(0.9 * 0.1 / MC_N)
+MC_CASES = [
+    (1.0, 0.5, 0.0),
+    (1.0, 1.0, 0.0),  # a == b
+    (2.0, 0.0, 0.0),  # one Laplace
+    (1.0, 0.5, 1.0),
+    (0.7, 0.7, 0.4),  # a == b with sampling
+    (0.3, 0.1, 3.0),  # sampling dominates
+    (0.2, 0.1, 1.0),
+    (0.01, 0.005, 1.0),  # sampling dominates strongly (large n, small noise)
+]
+
+
+def _mc_abs(a, b, s, seed):
+    rng = np.random.default_rng(seed)
+    z = rng.laplace(0.0, a, MC_N)
+    if b > 0:
+        z += rng.laplace(0.0, b, MC_N)
+    if s > 0:
+        z += rng.normal(0.0, s, MC_N)
+    return np.abs(z)
+
+
+@pytest.mark.parametrize("a,b,s", MC_CASES)
+def test_noise_and_sampling_quantile_monte_carlo(a, b, s):
+    t = noise_and_sampling_quantile(a, b, s)
+    z = _mc_abs(a, b, s, seed=[int(a * 1000), int(b * 1000), int(s * 1000)])
+    frac = float(np.mean(z <= t))
+    assert abs(frac - 0.9) <= MC_TOL, (t, float(np.quantile(z, 0.9)), frac)
+
+
+def test_noise_and_sampling_quantile_monte_carlo_power():
+    """The MC check detects quantiles that drop a term or mistake the sum's law."""
+    a, b, s = 1.0, 0.5, 1.0
+    z = _mc_abs(a, b, s, seed=123)
+    wrong = [
+        noise_and_sampling_quantile(a, b, 0.0),  # sampling ignored
+        noise_and_sampling_quantile(a, 0.0, s),  # count noise ignored
+        -(a + b) * math.log(0.1),  # one Laplace of scale a + b
+        1.645 * math.sqrt(2 * a * a + 2 * b * b + s * s),  # normal approximation
+    ]
+    for t in wrong:
+        assert abs(float(np.mean(z <= t)) - 0.9) > MC_TOL, t
