@@ -36,6 +36,8 @@ from dplib.mechanisms import NoiseSource, pure_dp_histogram, thresholded_histogr
 
 #: Probability that some empty bin of the deviation profile is read as non-empty.
 FLOOR_BETA = 0.1
+#: The radius quantile is capped at this many times the top of the highest visible profile bin.
+VISIBLE_REACH = 8.0
 #: Sub-octave edges of the deviation histogram: quarter octaves.
 QUARTER_OCTAVE = (2.0**0.25, 2.0**0.5, 2.0**0.75)
 
@@ -415,4 +417,10 @@ def choose_radius(profile: "DeviationProfile", n_eps: float, k: float = 4.0, q: 
     Post-processing only.
     """
     factor = 2.0 if math.isinf(k) else max(2.0, max(n_eps, 1.0) ** (1.0 / k))
-    return profile_quantile(profile, q) * factor
+    quantile = profile_quantile(profile, q)
+    # Guard against a quantile pushed out by noise in far, empty bins: no further than
+    # VISIBLE_REACH times the top of the highest bin whose noisy count clears the noise floor.
+    visible = np.nonzero(profile.weights[:-1] > 0)[0]
+    if visible.size:
+        quantile = min(quantile, VISIBLE_REACH * float(profile.edges[visible[-1] + 1]))
+    return quantile * factor
