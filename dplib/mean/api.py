@@ -10,6 +10,7 @@ from dplib.aggregates import NumpyAggregates
 from dplib.budget import Accountant, Budget
 from dplib.errors import InputDataError
 from dplib.groups import group_index, new_salt
+from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
 from dplib.mean.univariate import MeanRelease, UnivariateMeanPlan, univariate_person_mean
 from dplib.mechanisms import NoiseSource, production_noise
 
@@ -53,7 +54,7 @@ def person_level_mean(
     *,
     epsilon: float,
     delta: float = 1e-6,
-    scale: float,
+    scale: float | None = None,
     k: float = 4.0,
     range_bound: float | None = None,
     budget_mode: str = "parallel",
@@ -71,10 +72,12 @@ def person_level_mean(
         Privacy unit of each record.
     epsilon, delta : float
         Budget of this release (add/remove one person). delta = 0 needs ``range_bound``.
-    scale : float
-        Public scale of the person means (summary mode), data units.
+    scale : float, optional
+        None (default): the scale-free estimator (:mod:`dplib.mean.scale_free`) finds range,
+        centre and radius privately. A number: the declared public scale of the person means,
+        data units, for the paper's estimator (:mod:`dplib.mean.univariate`).
     k, range_bound, budget_mode, m_min :
-        See :class:`~dplib.mean.univariate.UnivariateMeanPlan`.
+        See :class:`~dplib.mean.univariate.UnivariateMeanPlan` (``range_bound`` only with a scale).
     noise : NoiseSource, optional
         Default: the secure OpenDP source. Pass ``SeededNoise(seed)`` only in tests.
     salt_hex : str, optional
@@ -93,17 +96,18 @@ def person_level_mean(
     ----------
     Agarwal et al. 2024, Theorem 3.14; ``../shared/specs/person_level_mean.md`` §2.1-2.3.
     """
-    plan = UnivariateMeanPlan(
-        budget=Budget(epsilon, delta),
-        scale=scale,
-        k=k,
-        m=1,
-        range_bound=range_bound,
-        budget_mode=budget_mode,  # type: ignore[arg-type]
-    )
+    budget = Budget(epsilon, delta)
+    plan: UnivariateMeanPlan | ScaleFreeMeanPlan
+    if scale is None:
+        plan = ScaleFreeMeanPlan(budget=budget, budget_mode=budget_mode, k=k)  # type: ignore[arg-type]
+    else:
+        plan = UnivariateMeanPlan(
+            budget=budget, scale=scale, k=k, m=1, range_bound=range_bound, budget_mode=budget_mode  # type: ignore[arg-type]
+        )
     ids, means = person_means(values, person_ids, m_min=m_min)
     salt = salt_hex if salt_hex is not None else new_salt()
     backend = NumpyAggregates({"value": means}, group_index(ids, salt))
-    return univariate_person_mean(
-        backend, "value", plan, noise if noise is not None else production_noise(), Accountant(plan.budget)
-    )
+    noise = noise if noise is not None else production_noise()
+    if isinstance(plan, ScaleFreeMeanPlan):
+        return scale_free_person_mean(backend, "value", plan, noise, Accountant(budget))
+    return univariate_person_mean(backend, "value", plan, noise, Accountant(budget))
