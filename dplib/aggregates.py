@@ -37,8 +37,8 @@ from dplib.groups import GroupRange, group_index, in_range
 
 #: Default clamp of histogram values: this many bin widths on each side of the offset.
 MAX_BINS_FROM_OFFSET = 2.0**40
-#: Clipped deviations are summed in fixed point: units of ``radius / 2**QUANT_BITS``. A sum of
-#: up to 2**33 persons fits in int64.
+#: Clipped deviations are summed in fixed point: units of ``radius / 2**QUANT_BITS``, summed as
+#: exact integers (Python ints here, decimal(38,0) in Spark).
 QUANT_BITS = 30
 QUANT_SCALE = float(2**QUANT_BITS)
 #: Person values and centres are clamped to [-VALUE_BOUND, VALUE_BOUND] before clipping, so that
@@ -216,9 +216,7 @@ class NumpyAggregates:
         for name, arr in values.items():
             a = np.asarray(arr, dtype=np.float64)
             if a.shape != gi.shape:
-                raise InvalidParameterError(
-                    f"column {name!r} has shape {a.shape}, expected {gi.shape} like group_idx"
-                )
+                raise InvalidParameterError(f"column {name!r} must have the same length as group_idx")
             if np.any(np.isinf(a)):
                 raise InvalidParameterError(f"column {name!r} holds +-inf; drop such persons first")
             self._values[name] = a
@@ -291,5 +289,6 @@ class NumpyAggregates:
         if rows.shape[0] == 0:
             return np.zeros(len(columns)), 0
         units = quantize_deviations(clip_deviations(rows, c, float(radius)), float(radius))
-        total = np.sum(units, axis=0, dtype=np.int64)
-        return total.astype(np.float64) * (float(radius) / QUANT_SCALE), int(rows.shape[0])
+        # Python integers: exact, no int64 wrap-around whatever the number of persons
+        total = [sum(int(u) for u in units[:, j].tolist()) for j in range(units.shape[1])]
+        return np.array([float(t) for t in total]) * (float(radius) / QUANT_SCALE), int(rows.shape[0])

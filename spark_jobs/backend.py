@@ -128,10 +128,11 @@ class SparkAggregates:
             devs = [d * factor for d in diffs]
         # Fixed point, as dplib.aggregates.quantize_deviations: bround = round half to even.
         units = [F.bround(d / rho * F.lit(QUANT_SCALE), 0).cast("long") for d in devs]
-        aggs = [F.sum(u).alias(f"s{j}") for j, u in enumerate(units)] + [F.count(F.lit(1)).alias("n")]
+        # decimal(38,0): no int64 overflow (an ANSI overflow error would be a data-dependent crash)
+        aggs = [F.sum(u.cast("decimal(38,0)")).alias(f"s{j}") for j, u in enumerate(units)] + [F.count(F.lit(1)).alias("n")]
         row = self._collect(self._where(columns, group).agg(*aggs))[0]
         n = int(row["n"])
         if n == 0:
             return np.zeros(len(columns)), 0
-        total = np.array([int(row[f"s{j}"]) for j in range(len(columns))], dtype=np.int64)
-        return total.astype(np.float64) * (float(radius) / QUANT_SCALE), n
+        total = [int(row[f"s{j}"]) for j in range(len(columns))]
+        return np.array([float(t) for t in total]) * (float(radius) / QUANT_SCALE), n

@@ -34,7 +34,7 @@ def _print_release(result) -> None:
         if r.status == "OK":
             bar = "no error bar" if r.error_bar is None else f"+/- {r.error_bar[0]:.4f} ({int(r.error_level * 100)}% error bar)"
             print(f"  {r.statistic}: {r.estimate[0]:.4f} {bar}")
-            print(f"      the bar covers {r.error_covers.removeprefix('the ')}")
+            print(f"      the bar covers {r.error_covers}")
         else:
             print(f"  {r.statistic}: {r.status}: {r.error_covers.removeprefix('none: ')}")
         print(f"      estimand: {r.estimand}; epsilon={r.epsilon:.4g}, delta={r.delta:.3g}")

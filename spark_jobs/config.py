@@ -6,6 +6,7 @@ Errors name the field path and the allowed values, e.g.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -132,7 +133,7 @@ class StatisticConfig(_Frozen):
     kind: Literal["mean"]
     columns: tuple[str, ...] = Field(min_length=1)
     share: float
-    options: MeanOptions
+    options: MeanOptions = MeanOptions()
 
     @field_validator("share")
     @classmethod
@@ -166,9 +167,11 @@ class OutputConfig(_Frozen):
 
 class SparkConfig(_Frozen):
     """Spark settings. ``master`` is used only when the job is not run by spark-submit (which
-    passes its own master)."""
+    passes its own master). ``log_level``: Spark's own log level (ERROR hides Spark's warnings
+    and their stack traces; WARN or INFO to debug Spark)."""
 
     master: str = "local[2]"
+    log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"] = "ERROR"
     app_name: str = "person-dp"
     conf: dict[str, str] = Field(default_factory=dict)
 
@@ -225,15 +228,27 @@ class JobConfig(_Frozen):
         return out
 
 
+def _known_fields() -> set[str]:
+    models = [InputConfig, PrivacyUnitConfig, BudgetConfig, MeanOptions, StatisticConfig, SummaryConfig,
+              OutputConfig, SparkConfig, JobConfig]
+    return {name for m in models for name in m.model_fields}
+
+
 def _format_errors(err: ValidationError) -> str:
+    errors = err.errors()
+    locs = [tuple(e["loc"]) for e in errors]
     lines = []
-    for e in err.errors():
+    for e, loc_t in zip(errors, locs):
+        # pydantic adds "tuple too short" for a list whose items all failed: noise, drop it
+        if e["type"] == "too_short" and any(len(o) > len(loc_t) and o[: len(loc_t)] == loc_t for o in locs):
+            continue
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "literal_error":
             msg = f"{msg} (got {e.get('input')!r})"
         elif e["type"] == "extra_forbidden":
-            msg = "unknown field"
+            close = difflib.get_close_matches(str(e["loc"][-1]), sorted(_known_fields()), n=1)
+            msg = "unknown field" + (f" (did you mean {close[0]!r}?)" if close else "")
         lines.append(f"  {loc}: {msg}")
     return "invalid job config:\n" + "\n".join(lines)
 
@@ -261,6 +276,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like dotted.key=value")
         key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML") from exc
         parts = key.strip().split(".")
         node = out
         for p in parts[:-1]:
@@ -269,7 +288,6 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             else:
                 node = node.setdefault(p, {})
         last = parts[-1]
-        value = yaml.safe_load(raw)
         if last.isdigit() and isinstance(node, list):
             node[int(last)] = value
         else:
@@ -291,5 +309,5 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> JobConf
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {p} is not valid YAML: {err}") from err
+        raise ConfigError(f"config file {p} is not valid YAML: {str(err).replace('<unicode string>', str(p))}") from err
     return parse_config(apply_overrides(data or {}, overrides or []))

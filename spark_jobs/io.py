@@ -29,6 +29,14 @@ class Lineage:
     fingerprint: str | None
 
 
+def absolute(path: str) -> str:
+    """Local paths made absolute (relative to the working directory); URIs with a scheme
+    (s3a://, abfss://, hdfs://, file:/...) are returned as given."""
+    if urlparse(path).scheme and not os.path.splitdrive(path)[0]:
+        return path
+    return os.path.abspath(path)
+
+
 def read_records(spark, path: str, fmt: str, csv_options: dict[str, str] | None = None):
     """Read the records table. ``fmt``: parquet, delta or csv (header row; schema inferred).
 
@@ -43,8 +51,13 @@ def read_records(spark, path: str, fmt: str, csv_options: dict[str, str] | None 
         if fmt == "delta":
             return spark.read.format("delta").load(path)
         if fmt == "csv":
-            opts = {"header": "true", "inferSchema": "true", "nullValue": ""}
+            # No schema inference: an inferred type would depend on every record (one person's
+            # "x" would turn a numeric id column into strings and merge or split others). Every
+            # column is read as a string; value columns are cast per record in summarize, and a
+            # token that is not a number is dropped like NaN.
+            opts = {"header": "true", "nullValue": ""}
             opts.update(csv_options or {})
+            opts["inferSchema"] = "false"
             return spark.read.options(**opts).csv(path)
     except Exception as err:  # AnalysisException and friends: name the input
         msg = str(err).splitlines()[0][:300]
@@ -52,7 +65,7 @@ def read_records(spark, path: str, fmt: str, csv_options: dict[str, str] | None 
     raise InputDataError(f"input.format must be parquet, delta or csv, got {fmt!r}")
 
 
-def validate_schema(df, unit_column: str, value_columns: list[str]) -> None:
+def validate_schema(df, unit_column: str, value_columns: list[str], fmt: str = "parquet") -> None:
     """Check the columns exist with usable types.
 
     Raises
@@ -73,6 +86,8 @@ def validate_schema(df, unit_column: str, value_columns: list[str]) -> None:
         )
     for col in value_columns:
         t = type(fields[col].dataType).__name__
+        if fmt == "csv" and t == "StringType":
+            continue  # CSV columns are strings by design; summarize casts per record
         if t not in NUMERIC_TYPES:
             raise InputDataError(
                 f"value column {col!r} has type {fields[col].dataType.simpleString()}; expected a numeric type"
@@ -86,8 +101,10 @@ def check_not_empty(df, path: str) -> None:
 
 
 def lineage(spark, df, path: str, fmt: str) -> Lineage:
-    """Delta version of a Delta input; for files, SHA-256 over (name, size, mtime) of every input
-    file (local files) or over the file names (remote)."""
+    """Delta version of a Delta input; for files, SHA-256 over (name, mtime) of every input file
+    (local files) or over the file names (remote). File names, modification times and Delta
+    versions are operational metadata declared public (docs/privacy/person_level_mean.md); file
+    sizes, which are functions of the data, are not used."""
     if fmt == "delta":
         row = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").select("version").collect()
         return Lineage(path, fmt, int(row[0][0]) if row else None, None)
@@ -97,5 +114,5 @@ def lineage(spark, df, path: str, fmt: str) -> Lineage:
         h.update(uri.encode())
         if parsed.scheme in ("", "file") and os.path.exists(parsed.path):
             st = os.stat(parsed.path)
-            h.update(f":{st.st_size}:{int(st.st_mtime)}".encode())
+            h.update(f":{int(st.st_mtime)}".encode())
     return Lineage(path, fmt, None, h.hexdigest()[:32])

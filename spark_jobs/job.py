@@ -191,12 +191,13 @@ def run_job(
     log.info("run %s: plan checked, cost epsilon=%.6g delta=%.3g", run_id, *job_plan.cost)
 
     if spark is None:
-        spark = build_session(cfg.spark.master, cfg.spark.app_name, cfg.spark.conf)
+        spark = build_session(cfg.spark.master, cfg.spark.app_name, cfg.spark.conf, cfg.spark.log_level)
     columns = cfg.value_columns()
-    records = sio.read_records(spark, cfg.input.path, cfg.input.format, cfg.input.csv_options)
-    sio.validate_schema(records, cfg.privacy_unit.column, columns)
+    input_path, output_path = sio.absolute(cfg.input.path), sio.absolute(cfg.output.path)
+    records = sio.read_records(spark, input_path, cfg.input.format, cfg.input.csv_options)
+    sio.validate_schema(records, cfg.privacy_unit.column, columns, cfg.input.format)
     sio.check_not_empty(records, cfg.input.path)
-    lineage = sio.lineage(spark, records, cfg.input.path, cfg.input.format)
+    lineage = sio.lineage(spark, records, input_path, cfg.input.format)
     log.info("input validated (%s, %s)", cfg.input.path, cfg.input.format)
 
     salt = new_salt()
@@ -214,7 +215,8 @@ def run_job(
             rel, algorithm, algorithm_version = run_statistic(
                 backend, stat.columns[0], plan, noise, accountant, f"{stat.name}: "
             )
-            log.info("statistic %s: %s in %.1fs", stat.name, rel.status, time.monotonic() - t1)
+            log.info("statistic %s: %s", stat.name, rel.status)
+            log.debug("statistic %s took %.1fs", stat.name, time.monotonic() - t1)
             rows.append(
                 ReleaseRow(
                     run_id=run_id,
@@ -248,12 +250,14 @@ def run_job(
                     created_at=created,
                 )
             )
-        table = write_releases(spark, rows, cfg.output.path)
+        table = write_releases(spark, rows, output_path)
     finally:
         summary.unpersist()
     eps, delta = accountant.cost()
     log.info(
-        "run %s: %d release row(s) committed to %s in %.1fs (spent epsilon=%.6g delta=%.3g)",
-        run_id, len(rows), table, time.monotonic() - t0, eps, delta,
+        "run %s: %d release row(s) committed to %s (spent epsilon=%.6g delta=%.3g)",
+        run_id, len(rows), table, eps, delta,
     )
+    # Wall-clock times depend on the data and are not DP: DEBUG level only.
+    log.debug("run %s took %.1fs", run_id, time.monotonic() - t0)
     return JobResult(run_id, table, rows, eps, delta)

@@ -66,7 +66,9 @@ def delta_jars() -> list[str]:
     return [p for p in jars if _artifact(p) not in shipped]
 
 
-def build_session(master: str = "local[2]", app_name: str = "person-dp", conf: dict[str, str] | None = None):
+def build_session(
+    master: str = "local[2]", app_name: str = "person-dp", conf: dict[str, str] | None = None, log_level: str = "ERROR"
+):
     """Get or create the SparkSession with Delta Lake configured.
 
     Parameters
@@ -76,6 +78,8 @@ def build_session(master: str = "local[2]", app_name: str = "person-dp", conf: d
     app_name : str
     conf : dict, optional
         Extra Spark settings (override the defaults here).
+    log_level : str
+        Spark's log level after start-up.
 
     Returns
     -------
@@ -109,5 +113,5 @@ def build_session(master: str = "local[2]", app_name: str = "person-dp", conf: d
     for k, v in settings.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark.sparkContext.setLogLevel(log_level)
     return spark

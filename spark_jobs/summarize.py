@@ -14,8 +14,11 @@ Record rules (documented in README.md):
 
 - id null, or equal after trimming to one of ``null_values``: record dropped (no person).
 - value NaN, +inf or -inf: that value is dropped for that column before the person's mean.
-- finite values are clamped to ``[-VALUE_BOUND, VALUE_BOUND]`` (1e300) before averaging, so a
-  person's sum cannot overflow; a per-record transform that leaves real data untouched.
+- finite values are clamped to ``[-VALUE_BOUND, VALUE_BOUND]`` (1e300) before averaging; a
+  per-record transform that leaves real data untouched. (A sum of more than ~1e8 such extreme
+  records could still overflow to +-inf; the clamp in the aggregates maps it back to +-1e300.)
+- the person's mean sums their values in sorted order, so it depends only on their own values,
+  never on how Spark partitions the data.
 """
 
 from __future__ import annotations
@@ -65,15 +68,26 @@ def summarize(df, unit_column: str, value_columns: list[str], salt_hex: str, m_m
     records = df.where(_valid_id(uid, null_values))
     aggs = []
     for c in value_columns:
-        v = F.col(c).cast("double")
+        v = F.col(c).try_cast("double")  # CSV strings: a non-number becomes null (dropped)
         # Spark's least/greatest skip nulls (greatest(null, x) = x): test for null first.
         bad = v.isNull() | F.isnan(v) | (F.abs(v) == F.lit(float("inf")))
         usable = F.when(bad, F.lit(None).cast("double")).otherwise(
             F.least(F.greatest(v, F.lit(-VALUE_BOUND)), F.lit(VALUE_BOUND))
         )
-        aggs.append(F.count(usable).alias(f"_m_{c}"))
-        aggs.append(F.avg(usable).alias(f"_avg_{c}"))
+        # Order-independent mean: sum the person's values in sorted order. Spark's avg adds in
+        # shuffle order, which depends on partitioning (and so on other persons); its last bits
+        # could move a person across a histogram bin edge. Sorting makes Y_i a function of the
+        # person's own multiset of values.
+        aggs.append(F.array_sort(F.collect_list(usable)).alias(f"_vals_{c}"))
     per_person = records.groupBy(uid.cast("string").alias("_pid")).agg(*aggs)
+    sums = {}
+    for c in value_columns:
+        vals = F.col(f"_vals_{c}")
+        total = F.aggregate(vals, F.lit(0.0), lambda acc, x: acc + x)
+        sums[c] = (F.size(vals), F.when(F.size(vals) > 0, total / F.size(vals)))
+    per_person = per_person.select(
+        "_pid", *[x for c in value_columns for x in (sums[c][0].alias(f"_m_{c}"), sums[c][1].alias(f"_avg_{c}"))]
+    )
     # The salt enters as data of a one-row broadcast table, not as a literal: literals are
     # printed in query plans (Spark UI, event logs, explain()), table rows are not.
     salt_df = df.sparkSession.createDataFrame([(salt_hex,)], "_salt string")

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dplib.aggregates import NumpyAggregates
+from dplib.aggregates import VALUE_BOUND, NumpyAggregates
 from dplib.budget import Accountant, Budget
 from dplib.errors import InputDataError
 from dplib.groups import group_index, new_salt
@@ -15,7 +15,19 @@ from dplib.mean.univariate import MeanRelease, UnivariateMeanPlan, univariate_pe
 from dplib.mechanisms import NoiseSource, production_noise
 
 
-def person_means(values: np.ndarray, person_ids: Sequence[object], m_min: int = 1) -> tuple[np.ndarray, np.ndarray]:
+#: Id values treated as missing, as the Spark job's default ``privacy_unit.null_values``.
+NULL_IDS = ("", "NA", "null", "NULL", "None")
+
+
+def _is_person(pid: object, null_values: Sequence[str]) -> bool:
+    if pid is None or (isinstance(pid, float) and not np.isfinite(pid)):
+        return False
+    return str(pid).strip() not in null_values
+
+
+def person_means(
+    values: np.ndarray, person_ids: Sequence[object], m_min: int = 1, null_values: Sequence[str] = NULL_IDS
+) -> tuple[np.ndarray, np.ndarray]:
     """Reduce records to one mean per person (spec §2.0).
 
     Parameters
@@ -23,7 +35,8 @@ def person_means(values: np.ndarray, person_ids: Sequence[object], m_min: int = 
     values : ndarray, shape (n_records,)
         Record values. NaN / +-inf records are dropped before averaging.
     person_ids : sequence, length n_records
-        The privacy unit of each record; None ids are dropped (no person to attribute them to).
+        The privacy unit of each record. None, NaN and ids equal after trimming to one of
+        ``null_values`` are dropped (no person to attribute them to), as in the Spark job.
     m_min : int, default 1
         Persons with fewer usable records are dropped.
 
@@ -39,13 +52,16 @@ def person_means(values: np.ndarray, person_ids: Sequence[object], m_min: int = 
     vals = np.asarray(values, dtype=np.float64)
     ids = np.asarray(list(person_ids), dtype=object)
     if vals.shape != ids.shape:
-        raise InputDataError(f"values has shape {vals.shape} but person_ids has {ids.shape}")
-    keep = np.isfinite(vals) & np.array([pid is not None for pid in ids], dtype=bool)
-    vals, ids = vals[keep], ids[keep].astype(str)
+        raise InputDataError("values and person_ids must have the same length")
+    keep = np.isfinite(vals) & np.array([_is_person(pid, null_values) for pid in ids], dtype=bool)
+    # clamp records as the Spark summarize pass does; a sum that still overflows is clamped too
+    vals, ids = np.clip(vals[keep], -VALUE_BOUND, VALUE_BOUND), ids[keep].astype(str)
     uniq, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
-    sums = np.bincount(inverse, weights=vals, minlength=uniq.size)
+    with np.errstate(over="ignore", invalid="ignore"):
+        sums = np.bincount(inverse, weights=vals, minlength=uniq.size)
+        means = np.nan_to_num(sums / np.maximum(counts, 1), nan=0.0, posinf=VALUE_BOUND, neginf=-VALUE_BOUND)
     ok = counts >= int(m_min)
-    return uniq[ok], sums[ok] / counts[ok]
+    return uniq[ok], np.clip(means[ok], -VALUE_BOUND, VALUE_BOUND)
 
 
 def person_level_mean(
@@ -71,7 +87,8 @@ def person_level_mean(
     person_ids : sequence, length n_records
         Privacy unit of each record.
     epsilon, delta : float
-        Budget of this release (add/remove one person). delta = 0 needs ``range_bound``.
+        Budget of this release (add/remove one person). With a declared ``scale``, delta = 0
+        needs ``range_bound``; the scale-free estimator at delta = 0 uses a public exponent range.
     scale : float, optional
         None (default): the scale-free estimator (:mod:`dplib.mean.scale_free`) finds range,
         centre and radius privately. A number: the declared public scale of the person means,
@@ -90,7 +107,8 @@ def person_level_mean(
     Privacy
     -------
     (epsilon, delta)-DP under add/remove of one person's records (see
-    :func:`~dplib.mean.univariate.univariate_person_mean`).
+    :func:`~dplib.mean.scale_free.scale_free_person_mean` and
+    :func:`~dplib.mean.univariate.univariate_person_mean`; docs/privacy/person_level_mean.md).
 
     References
     ----------

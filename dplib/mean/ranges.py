@@ -131,7 +131,10 @@ def magnitude_range(
         raise InvalidParameterError(f"q must be in [0.5, 1), got {q!r}")
     if isinstance(octaves, bool) or not isinstance(octaves, int) or octaves < 1:
         raise InvalidParameterError(f"octaves must be an integer >= 1, got {octaves!r}")
-    e_base = exponent_range[0] if delta == 0 else 0
+    e_min, e_max = exponent_range
+    if delta == 0 and not (MIN_EXPONENT < e_min < e_max < 997):
+        raise InvalidParameterError(f"exponent_range must satisfy {MIN_EXPONENT} < lo < hi < 997, got {exponent_range!r}")
+    e_base = e_min if delta == 0 else 0
     exact = backend.log_histogram(column, 0.0, group)
     # Merge exponents into buckets of `octaves` octaves (a per-person transform of exact counts,
     # before any noise): fewer, fuller buckets, so the threshold is passed with fewer persons.
@@ -148,9 +151,6 @@ def magnitude_range(
         keys = list(released)
         weights = [released[k] for k in keys]
     else:
-        e_min, e_max = exponent_range
-        if not (MIN_EXPONENT < e_min < e_max < 997):
-            raise InvalidParameterError(f"exponent_range must satisfy {MIN_EXPONENT} < lo < hi < 997, got {exponent_range!r}")
         starts = list(range(e_min, e_max + 1, octaves))
         keys = [0] + [_key(e, s) for s in (-1, 1) for e in starts]
         index = {k: i for i, k in enumerate(keys)}

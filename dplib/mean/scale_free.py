@@ -43,7 +43,7 @@ from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import choose_radius, deviation_profile, magnitude_range, tail_model, window_center
 from dplib.mean.univariate import ERROR_LEVEL, STATUS_INSUFFICIENT, STATUS_OK, MeanRelease, count_weight
-from dplib.mechanisms import NoiseSource, laplace_mechanism
+from dplib.mechanisms import NoiseSource, clamp_exact, inflate, laplace_mechanism
 
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
 ALGORITHM_VERSION = "1"
@@ -280,7 +280,7 @@ def scale_free_person_mean(
     if rng_out is None:
         return _insufficient(
             "no magnitude bucket passed the threshold (too few persons for the scale-free estimator "
-            "at this budget: about 2,000 are needed at epsilon 0.5; or declare options.scale)",
+            "at this budget: it needs roughly 1,000/epsilon persons; or declare options.scale)",
             accountant, start, params,
         )
     lower, upper = rng_out.lower, rng_out.upper
@@ -309,8 +309,9 @@ def scale_free_person_mean(
     charge(3)
     c = count_weight(rho, min(1.5 * bin_width, rho))
     exact_sum, exact_count = backend.clipped_sum([column], np.array([center]), rho, g_fine)
-    noisy, scale = laplace_mechanism(np.array([float(exact_sum[0]), c * exact_count]), rho + c, b_fine.epsilon, noise)
-    del exact_sum, exact_count
+    exact = clamp_exact(np.array([float(exact_sum[0]), c * exact_count]))
+    noisy, scale = laplace_mechanism(exact, inflate(rho + c), b_fine.epsilon, noise)
+    del exact_sum, exact_count, exact
     s_noisy, n_noisy = float(noisy[0]), float(noisy[1]) / c
     denom = max(n_noisy, 1.0)
     deviation = s_noisy / denom

@@ -41,7 +41,7 @@ from dplib.mean.params import (
     coarse_bin_width,
     fine_radius,
 )
-from dplib.mechanisms import NoiseSource, laplace_mechanism, pure_dp_histogram, thresholded_histogram
+from dplib.mechanisms import NoiseSource, clamp_exact, inflate, laplace_mechanism, pure_dp_histogram, thresholded_histogram
 
 ALGORITHM = "agarwal2024-univariate-person-mean"
 ALGORITHM_VERSION = "1"
@@ -379,10 +379,9 @@ def univariate_person_mean(
 
     accountant.charge(fine_charge.stage, fine_charge.budget, fine_charge.group)
     exact_sum, exact_count = backend.clipped_sum([column], np.array([mu_c]), rho, plan.fine_group)
-    noisy, scale = laplace_mechanism(
-        np.array([float(exact_sum[0]), c * exact_count]), rho + c, fine_eps, noise
-    )
-    del exact_sum, exact_count
+    exact = clamp_exact(np.array([float(exact_sum[0]), c * exact_count]))
+    noisy, scale = laplace_mechanism(exact, inflate(rho + c), fine_eps, noise)
+    del exact_sum, exact_count, exact
     s_noisy, n_noisy = float(noisy[0]), float(noisy[1]) / c
     denom = max(n_noisy, 1.0)
     deviation = s_noisy / denom

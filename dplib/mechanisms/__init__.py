@@ -1,6 +1,9 @@
 """Mechanisms: noise sources, Laplace / Gaussian mechanisms, private histograms."""
 
 from dplib.mechanisms.basic import (
+    EXACT_BOUND,
+    clamp_exact,
+    inflate,
     analytic_gaussian_delta,
     gaussian_mechanism,
     gaussian_sigma,
@@ -16,6 +19,9 @@ __all__ = [
     "SeededNoise",
     "production_noise",
     "laplace_mechanism",
+    "clamp_exact",
+    "inflate",
+    "EXACT_BOUND",
     "laplace_scale",
     "gaussian_mechanism",
     "gaussian_sigma",

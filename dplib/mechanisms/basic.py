@@ -16,6 +16,25 @@ from dplib.errors import InvalidParameterError
 from dplib.mechanisms.noise import NoiseSource
 
 
+#: Exact values handed to a mechanism are clamped to +-EXACT_BOUND: a 1-Lipschitz map, so the
+#: sensitivity is unchanged, and an overflowing exact sum cannot raise a data-dependent error.
+EXACT_BOUND = 1e306
+#: Relative margin added to declared sensitivities: float products such as ``w * n`` and the
+#: conversion of fixed-point sums to data units round by ~1e-15..1e-9 relative; rounding that
+#: touches privacy must go toward more noise.
+SENSITIVITY_MARGIN = 2.0**-20
+
+
+def inflate(sensitivity: float) -> float:
+    """``sensitivity * (1 + SENSITIVITY_MARGIN)``: covers float rounding of the released values."""
+    return float(sensitivity) * (1.0 + SENSITIVITY_MARGIN)
+
+
+def clamp_exact(values: np.ndarray) -> np.ndarray:
+    """Clamp exact query answers to ``+-EXACT_BOUND`` (and map +-inf there) before noise."""
+    return np.clip(np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0, posinf=EXACT_BOUND, neginf=-EXACT_BOUND), -EXACT_BOUND, EXACT_BOUND)
+
+
 def laplace_scale(l1_sensitivity: float, epsilon: float) -> float:
     """Scale ``b = l1_sensitivity / epsilon`` of the Laplace mechanism (pure epsilon-DP).
 

@@ -75,3 +75,36 @@ def test_no_python_udf_and_salt_not_in_plan(spark):
     plan = s._jdf.queryExecution().toString()
     assert "PythonUDF" not in plan and "BatchEvalPython" not in plan and "ArrowEvalPython" not in plan
     assert SALT not in plan
+
+
+def test_person_mean_independent_of_partitioning(spark):
+    """Spark's avg adds in shuffle order; summarize sums sorted values, so the person mean does
+    not depend on how the records are partitioned (found: avg gave 0.9999999999999999 or 1.0)."""
+    rows = [("p", v) for v in (1.4, 0.5, 1.9, 0.2)] * 5 + [(f"q{i}", float(i) / 7) for i in range(200)]
+    df = spark.createDataFrame(rows, "uid string, x double")
+    seen = set()
+    for parts in (1, 3, 7, 11):
+        got = summarize(df.repartition(parts), "uid", ["x"], SALT).toPandas()
+        gi = int(group_index(["p"], SALT)[0])
+        seen.add(float(got.loc[got["_group"] == gi, "x"].iloc[0]))
+    assert len(seen) == 1
+    vals = sorted([1.4, 0.5, 1.9, 0.2] * 5)
+    total = 0.0
+    for v in vals:
+        total += v
+    assert seen == {total / len(vals)}
+
+
+def test_csv_ids_are_strings_and_bad_tokens_dropped(spark, tmp_path):
+    """CSV is read without schema inference: "007" and "7" are two persons, and a non-numeric
+    value token is dropped like NaN (it cannot make the job fail)."""
+    from spark_jobs.io import read_records, validate_schema
+
+    p = tmp_path / "r.csv"
+    p.write_text("uid,x\n007,1.0\n7,3.0\n7,oops\nNA,9.0\n")
+    df = read_records(spark, str(p), "csv")
+    validate_schema(df, "uid", ["x"], "csv")
+    got = summarize(df, "uid", ["x"], SALT).toPandas()
+    gi = dict(zip(group_index(["007", "7"], SALT), ["007", "7"]))
+    by_id = {gi[int(g)]: (x, m) for g, x, m in zip(got["_group"], got["x"], got["_m_x"])}
+    assert by_id == {"007": (1.0, 1), "7": (3.0, 1)}

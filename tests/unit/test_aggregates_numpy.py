@@ -245,7 +245,7 @@ def test_constructor_rejects_infinite_values(bad):
 
 
 def test_constructor_rejects_mismatched_lengths():
-    with pytest.raises(InvalidParameterError, match="shape"):
+    with pytest.raises(InvalidParameterError, match="same length"):
         NumpyAggregates({"a": np.array([1.0, 2.0, 3.0])}, np.array([0, 1]))
 
 
