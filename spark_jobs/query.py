@@ -1,0 +1,163 @@
+"""Reading releases and the ledger without Spark (delta-rs), and the release report.
+
+Used by ``person-dp releases ...``, ``person-dp budget show`` and ``person-dp report``.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import math
+from pathlib import Path
+
+RELEASE_COLUMNS = ["run_id", "created_at", "job_name", "statistic", "status", "estimate", "error_bar",
+                   "error_level", "epsilon", "delta", "algorithm"]
+
+
+def read_delta(path: str, filter_eq: dict | None = None, columns: list[str] | None = None):
+    """A Delta table's live rows as a pyarrow Table, without Spark.
+
+    delta-rs resolves the live files from the Delta log (``file_uris``); pyarrow reads them.
+    (delta-rs 1.6's own Arrow scan sometimes aborts the interpreter at exit with "terminate
+    called without an active exception"; reading the files with pyarrow avoids it.)
+
+    Raises
+    ------
+    FileNotFoundError
+        If there is no Delta table at ``path``.
+    """
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        t = DeltaTable(path)
+    except TableNotFoundError as err:
+        raise FileNotFoundError(f"no Delta table at {path}") from err
+    schema = t.schema().to_arrow()
+    import pyarrow as pa
+
+    schema = pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
+    uris = t.file_uris()
+    if not uris:
+        return schema.empty_table() if columns is None else schema.empty_table().select(columns)
+    expr = None
+    for k, v in (filter_eq or {}).items():
+        cond = pc.field(k) == v
+        expr = cond if expr is None else expr & cond
+    return ds.dataset(uris, format="parquet", schema=schema).to_table(filter=expr, columns=columns)
+
+
+def read_releases(table: str, run_id: str | None = None) -> list[dict]:
+    """Release rows (newest first), optionally of one run id.
+
+    Raises
+    ------
+    FileNotFoundError
+        If there is no Delta table at ``table``.
+    """
+    try:
+        rows = read_delta(table, {"run_id": run_id} if run_id else None).to_pylist()
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"no releases table at {table}") from err
+    return sorted(rows, key=lambda r: (r["created_at"], r["statistic"]), reverse=True)
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, list):
+        return ";".join(_cell(x) for x in v)
+    return str(v)
+
+
+def render(rows: list[dict], columns: list[str], fmt: str) -> str:
+    """Rows as an aligned text table, JSON or CSV."""
+    if fmt == "json":
+        return json.dumps([{c: r.get(c) for c in columns} for r in rows], default=str, indent=2)
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(columns)
+        for r in rows:
+            w.writerow([_cell(r.get(c)) for c in columns])
+        return buf.getvalue()
+    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def budget_rows(ledger_path: str) -> tuple[list[dict], list[dict]]:
+    """(population rows with remaining budget, entry rows) of a ledger."""
+    from spark_jobs.ledger import Ledger
+
+    rows = Ledger(ledger_path).rows()
+    pops = []
+    for r in rows:
+        if r["kind"] == "population":
+            pops.append({**r, "remaining_epsilon": r["limit_epsilon"] - r["spent_epsilon"],
+                         "remaining_delta": r["limit_delta"] - r["spent_delta"]})
+    entries = sorted((r for r in rows if r["kind"] == "entry"), key=lambda r: r["updated_at"], reverse=True)
+    return pops, entries
+
+
+def write_report(table: str, out_dir: str, run_id: str | None = None) -> Path:
+    """A small HTML report: one PNG per released statistic (estimate with its error bar) of the
+    newest run (or of ``run_id``), with the privacy metadata beside it. Returns the HTML path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_releases(table, run_id)
+    if not rows:
+        raise FileNotFoundError(f"no releases in {table}" + (f" for run {run_id}" if run_id else ""))
+    run = rows[0]["run_id"]
+    rows = [r for r in rows if r["run_id"] == run]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for r in sorted(rows, key=lambda r: r["statistic"]):
+        png = out / f"{r['statistic']}.png"
+        fig, ax = plt.subplots(figsize=(5.5, 1.8))
+        if r["status"] == "OK" and r["estimate"]:
+            est = r["estimate"][0]
+            bar = r["error_bar"][0] if r["error_bar"] else None
+            if bar is not None and math.isfinite(bar):
+                ax.errorbar([est], [0], xerr=[[bar], [bar]], fmt="o", capsize=8, color="#1f5fa8")
+                ax.set_xlim(est - 2.5 * bar, est + 2.5 * bar)
+            else:
+                ax.plot([est], [0], "o", color="#1f5fa8")
+            ax.set_title(f"{r['statistic']}: {est:.4g}" + (f" ± {bar:.3g} ({int(r['error_level'] * 100)}%)" if bar else ""),
+                         fontsize=10)
+        else:
+            ax.text(0.5, 0.5, r["status"], ha="center", va="center", transform=ax.transAxes)
+            ax.set_title(r["statistic"], fontsize=10)
+        ax.set_yticks([])
+        ax.set_xlabel(", ".join(r["columns"]))
+        fig.tight_layout()
+        fig.savefig(png, dpi=110)
+        plt.close(fig)
+        parts.append(
+            f"<section><h2>{html.escape(r['statistic'])}</h2><img src='{png.name}' alt='{html.escape(r['statistic'])}'>"
+            f"<p><b>{html.escape(r['status'])}</b> &middot; estimand: {html.escape(r['estimand'])}</p>"
+            f"<p>privacy: &epsilon;={r['epsilon']:.4g}, &delta;={r['delta']:.3g} per {html.escape(r['privacy_unit'])} "
+            f"({html.escape(r['neighbouring'])}); algorithm {html.escape(r['algorithm'])} v{html.escape(r['algorithm_version'])}</p>"
+            f"<p>the error bar covers {html.escape(r['error_covers'])}</p></section>"
+        )
+    page = out / "report.html"
+    page.write_text(
+        "<!doctype html><html><head><meta charset='utf-8'><title>Release report</title>"
+        "<style>body{font-family:sans-serif;max-width:760px;margin:2em auto}section{margin-bottom:2em}</style>"
+        f"</head><body><h1>Release {html.escape(run)}</h1><p>{html.escape(rows[0]['job_name'])} on "
+        f"{html.escape(rows[0]['dataset'])}, {rows[0]['created_at']}</p>{''.join(parts)}</body></html>"
+    )
+    return page

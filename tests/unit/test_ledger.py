@@ -1,0 +1,125 @@
+"""The privacy ledger (delta-rs, no Spark): boundary arithmetic, refusals that write nothing,
+and two processes racing for the last budget (a real concurrent-commit conflict and retry)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import pytest
+
+from dplib.budget import Budget
+from dplib.errors import BudgetExceededError
+from spark_jobs.ledger import Ledger, spent_is_consistent
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    led = Ledger(str(tmp_path / "ledger"))
+    led.set_limit("pop", Budget(1.0, 1e-6))
+    return led
+
+
+def test_exact_limit_passes_hair_more_fails(ledger):
+    ledger.reserve("pop", "a", "job", Budget(0.25, 0.25e-6))
+    ledger.reserve("pop", "b", "job", Budget(0.75, 0.75e-6))  # exactly the limit
+    before = ledger.rows()
+    with pytest.raises(BudgetExceededError, match=r"limit \(epsilon=1, delta=1e-06\), spent \(epsilon=1"):
+        ledger.reserve("pop", "c", "job", Budget(1e-9, 0.0))
+    assert ledger.rows() == before  # a refusal writes nothing
+    assert spent_is_consistent(ledger, "pop")
+
+
+def test_hair_over_on_first_charge(ledger):
+    with pytest.raises(BudgetExceededError):
+        ledger.reserve("pop", "a", "job", Budget(1.0 * (1 + 1e-9), 0.0))
+
+
+def test_delta_alone_exceeding_fails(ledger):
+    with pytest.raises(BudgetExceededError, match="requested \\(epsilon=0.1, delta=2e-06\\)"):
+        ledger.reserve("pop", "a", "job", Budget(0.1, 2e-6))
+    assert ledger.population("pop").spent_epsilon == 0.0
+
+
+def test_no_limit_refuses(tmp_path):
+    led = Ledger(str(tmp_path / "l2"))
+    with pytest.raises(BudgetExceededError, match="no budget is set for population 'x'"):
+        led.reserve("x", "a", "job", Budget(0.1, 0.0))
+
+
+def test_retry_of_a_run_id_abandons_the_old_attempt(ledger):
+    ledger.reserve("pop", "r", "job", Budget(0.3, 0.0))
+    ledger.reserve("pop", "r", "job", Budget(0.3, 0.0))
+    entries = sorted((e["attempt"], e["status"]) for e in ledger.entries("pop", "r"))
+    assert entries == [(1, "abandoned"), (2, "reserved")]
+    assert ledger.population("pop").spent_epsilon == pytest.approx(0.6)  # both stay spent
+    assert ledger.reconcile("pop", {"r"}) == 1
+    assert sorted((e["attempt"], e["status"]) for e in ledger.entries("pop", "r")) == [(1, "abandoned"), (2, "released")]
+
+
+def test_set_limit_keeps_spent(ledger):
+    ledger.reserve("pop", "a", "job", Budget(0.5, 0.0))
+    ledger.set_limit("pop", Budget(2.0, 1e-5))
+    pop = ledger.population("pop")
+    assert (pop.limit_epsilon, pop.spent_epsilon) == (2.0, 0.5)
+
+
+def _racer(path, barrier, name, out):
+    led = Ledger(path)
+    table = led._table()  # both processes read the same version ...
+    barrier.wait()        # ... then try to commit at the same moment
+    try:
+        res = led.reserve("pop", name, "job", Budget(0.6, 0.0))
+        out.put((name, "ok", res.conflicts))
+    except BudgetExceededError:
+        out.put((name, "refused", None))
+    del table
+
+
+@pytest.mark.parametrize("round_", range(4))
+def test_two_processes_race_for_room_for_one(tmp_path, round_):
+    path = str(tmp_path / "ledger")
+    Ledger(path).set_limit("pop", Budget(1.0, 0.0))
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_racer, args=(path, barrier, n, out)) for n in ("p1", "p2")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    results = sorted(out.get(timeout=5) for _ in procs)
+    outcomes = sorted(r[1] for r in results)
+    assert outcomes == ["ok", "refused"], results
+    led = Ledger(path)
+    assert led.population("pop").spent_epsilon == pytest.approx(0.6)
+    assert spent_is_consistent(led, "pop")
+    # the winner either committed first, or lost a commit race and retried; record which
+    _racer.conflicts = getattr(_racer, "conflicts", 0) + sum(r[2] or 0 for r in results)
+
+
+def test_a_conflict_and_retry_really_happen(tmp_path):
+    """Force the race: many processes reserve small amounts at once; the commits collide, the
+    losers re-read and retry, and every reservation lands exactly once."""
+    path = str(tmp_path / "ledger")
+    Ledger(path).set_limit("pop", Budget(100.0, 0.0))
+    ctx = mp.get_context("spawn")
+    n = 4
+    barrier, out = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_small_racer, args=(path, barrier, f"r{i}", out)) for i in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    results = [out.get(timeout=5) for _ in procs]
+    assert all(r[1] == "ok" for r in results)
+    assert sum(r[2] for r in results) >= 1, "no concurrent-commit conflict happened"
+    led = Ledger(path)
+    assert led.population("pop").spent_epsilon == pytest.approx(0.1 * n)
+    assert spent_is_consistent(led, "pop")
+
+
+def _small_racer(path, barrier, name, out):
+    led = Ledger(path)
+    barrier.wait()
+    res = led.reserve("pop", name, "job", Budget(0.1, 0.0))
+    out.put((name, "ok", res.conflicts))
