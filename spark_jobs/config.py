@@ -43,16 +43,8 @@ class PrivacyUnitConfig(_Frozen):
     null_values: tuple[str, ...] = ("", "NA", "null", "NULL", "None")
 
 
-class BudgetConfig(_Frozen):
-    """Total budget of one run (add/remove one person), and how stages compose.
-
-    ``budget_mode``: ``parallel`` (stages on disjoint fixed hash ranges each get the statistic's
-    whole share; default) or ``sequential`` (the paper's split).
-    """
-
-    epsilon: float
-    delta: float = 1e-6
-    budget_mode: Literal["parallel", "sequential"] = "parallel"
+class _EpsilonDelta(_Frozen):
+    """Validation shared by budgets and limits: epsilon finite > 0, delta in [0, 1)."""
 
     @field_validator("epsilon")
     @classmethod
@@ -67,6 +59,19 @@ class BudgetConfig(_Frozen):
         if not math.isfinite(v) or not (0.0 <= v < 1.0):
             raise ValueError(f"must be in [0, 1) (got {v!r})")
         return v
+
+
+class BudgetConfig(_EpsilonDelta):
+    """Total budget of one run (add/remove one person), and how stages compose.
+
+    ``budget_mode``: ``parallel`` (stages on disjoint fixed hash ranges each get the statistic's
+    whole share; default) or ``sequential`` (the paper's split).
+    """
+
+    epsilon: float
+    delta: float = 1e-6
+    budget_mode: Literal["parallel", "sequential"] = "parallel"
+
 
 
 class MeanOptions(_Frozen):
@@ -165,25 +170,12 @@ class OutputConfig(_Frozen):
     path: str = Field(min_length=1)
 
 
-class LimitConfig(_Frozen):
+class LimitConfig(_EpsilonDelta):
     """A lifetime budget limit (epsilon, delta)."""
 
     epsilon: float
     delta: float = 0.0
 
-    @field_validator("epsilon")
-    @classmethod
-    def _eps(cls, v: float) -> float:
-        if not math.isfinite(v) or v <= 0:
-            raise ValueError(f"must be finite and > 0 (got {v!r})")
-        return v
-
-    @field_validator("delta")
-    @classmethod
-    def _delta(cls, v: float) -> float:
-        if not math.isfinite(v) or not (0.0 <= v < 1.0):
-            raise ValueError(f"must be in [0, 1) (got {v!r})")
-        return v
 
 
 class LedgerConfig(_Frozen):
