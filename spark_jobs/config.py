@@ -46,6 +46,9 @@ class PrivacyUnitConfig(_Frozen):
 class _EpsilonDelta(_Frozen):
     """Validation shared by budgets and limits: epsilon finite > 0, delta in [0, 1)."""
 
+    epsilon: float
+    delta: float = 0.0
+
     @field_validator("epsilon")
     @classmethod
     def _eps(cls, v: float) -> float:
