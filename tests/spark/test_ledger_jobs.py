@@ -158,3 +158,16 @@ def test_cli_on_the_job_tables(spark, tmp_path):
     page = (tmp_path / "report" / "report.html").read_text()
     assert "x_mean" in page and (tmp_path / "report" / "x_mean.png").stat().st_size > 1000
     assert "report.html" in report
+
+
+def test_spark_sql_views_as_documented(spark, tmp_path):
+    """The README's Spark SQL recipe: temp views over both Delta tables, then plain SQL."""
+    cfg, _ = _cfg(tmp_path)
+    res = run_job(cfg, spark=spark, noise=SeededNoise(1))
+    out = tmp_path / "out"
+    spark.sql(f"CREATE OR REPLACE TEMP VIEW releases AS SELECT * FROM delta.`{out / 'releases'}`")
+    spark.sql(f"CREATE OR REPLACE TEMP VIEW privacy_ledger AS SELECT * FROM delta.`{out / 'privacy_ledger'}`")
+    got = spark.sql("SELECT statistic, estimate[0] AS est FROM releases").collect()
+    assert [(r.statistic, r.est) for r in got] == [("x_mean", pytest.approx(res.rows[0].estimate[0]))]
+    pop = spark.sql("SELECT limit_epsilon, spent_epsilon FROM privacy_ledger WHERE kind = 'population'").collect()
+    assert [(r.limit_epsilon, r.spent_epsilon) for r in pop] == [(10.0, pytest.approx(1.0))]
