@@ -164,6 +164,20 @@ def _crash_point(name: str) -> None:
         os._exit(86)
 
 
+def _barrier_point() -> None:
+    """Test hook: ``PERSON_DP_TEST_BARRIER=<dir>:<n>`` makes n processes wait for each other here
+    (just before the ledger reservation), to force concurrent reservations."""
+    spec = os.environ.get("PERSON_DP_TEST_BARRIER")
+    if not spec:
+        return
+    folder, n = spec.rsplit(":", 1)
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 300
+    while len(os.listdir(folder)) < int(n) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def stored_release(table_path: str, run_id: str) -> list[ReleaseRow]:
     """Release rows of ``run_id`` already in the releases table (read without Spark)."""
     from spark_jobs.query import read_delta
@@ -270,6 +284,7 @@ def run_job(
     reservation = None
     if ledger is not None:
         cost = Budget(*job_plan.cost) if job_plan.cost[0] > 0 else Budget(cfg.budget.epsilon, cfg.budget.delta)
+        _barrier_point()
         reservation = ledger.reserve(population, run_id, cfg.job_name, cost)
         log.info("ledger: reserved epsilon=%g delta=%g for run %s (attempt %d) from population %r",
                  cost.epsilon, cost.delta, run_id, reservation.attempt, population)

@@ -171,3 +171,36 @@ def test_spark_sql_views_as_documented(spark, tmp_path):
     assert [(r.statistic, r.est) for r in got] == [("x_mean", pytest.approx(res.rows[0].estimate[0]))]
     pop = spark.sql("SELECT limit_epsilon, spent_epsilon FROM privacy_ledger WHERE kind = 'population'").collect()
     assert [(r.limit_epsilon, r.spent_epsilon) for r in pop] == [(10.0, pytest.approx(1.0))]
+
+
+JOB = """
+import json, sys
+from dplib.errors import BudgetExceededError
+from spark_jobs.config import parse_config
+from spark_jobs.job import run_job
+cfg = parse_config(json.loads(sys.argv[1]))
+try:
+    run_job(cfg)
+except BudgetExceededError as err:
+    print("REFUSED", err)
+    sys.exit(3)
+"""
+
+
+def test_two_jobs_overlap_room_for_one(tmp_path):
+    """Two whole jobs (separate processes, separate Spark drivers) reach the reservation at the
+    same moment against a ledger with room for one run: one releases, one refuses."""
+    _, data = _cfg(tmp_path, limit=(1.5, 1e-4))
+    data = {**data, "spark": {"master": "local[1]"}}
+    env = {**os.environ, "PERSON_DP_TEST_BARRIER": f"{tmp_path / 'barrier'}:2"}
+    procs = [subprocess.Popen([sys.executable, "-c", JOB, json.dumps(data)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    codes = sorted(p.wait(timeout=600) for p in procs)
+    outs = [p.stdout.read() for p in procs]
+    assert codes == [0, 3], outs
+    assert any("has not enough budget left" in o for o in outs)
+    led = _ledger(tmp_path)
+    assert led.population("events-users").spent_epsilon == pytest.approx(1.0)
+    assert [e["status"] for e in led.entries("events-users")] == ["released"]
+    assert spent_is_consistent(led, "events-users")
+    assert len(read_delta(str(tmp_path / "out" / "releases")).to_pandas()) == 1
