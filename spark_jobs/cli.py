@@ -90,17 +90,35 @@ def cmd_budget(args) -> int:
     from spark_jobs.ledger import Ledger
     from spark_jobs.query import budget_rows, render
 
+    ledger = Ledger(args.ledger)
     if args.action == "set":
-        pop = Ledger(args.ledger).set_limit(args.population, Budget(args.epsilon, args.delta))
+        if ledger._table() is None and not args.create:
+            print(f"error: no ledger at {args.ledger}; pass --create to start a new one", file=sys.stderr)
+            return 2
+        delta = args.delta
+        if delta is None:
+            cur = ledger.population(args.population)
+            delta = cur.limit_delta if cur is not None else 0.0
+        pop = ledger.set_limit(args.population, Budget(args.epsilon, delta))
         print(f"population {pop.population!r}: limit epsilon={pop.limit_epsilon:g} delta={pop.limit_delta:g}, "
               f"spent epsilon={pop.spent_epsilon:g} delta={pop.spent_delta:g}")
         return 0
+    if ledger._table() is None:
+        print(f"error: no ledger at {args.ledger}", file=sys.stderr)
+        return 2
     pops, entries = budget_rows(args.ledger)
     cols = ["population", "limit_epsilon", "limit_delta", "spent_epsilon", "spent_delta", "remaining_epsilon", "remaining_delta"]
+    ecols = ["population", "run_id", "attempt", "job_name", "epsilon", "delta", "status", "updated_at"]
+    if args.format == "json":
+        out = {"populations": [{c: p.get(c) for c in cols} for p in pops]}
+        if args.entries:
+            out["entries"] = [{c: e.get(c) for c in ecols} for e in entries]
+        print(json.dumps(out, default=str, indent=2))
+        return 0
     print(render(pops, cols, args.format))
     if args.entries:
         print()
-        print(render(entries, ["population", "run_id", "attempt", "job_name", "epsilon", "delta", "status", "updated_at"], args.format))
+        print(render(entries, ecols, args.format))
     return 0
 
 
@@ -148,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     b_set.add_argument("--ledger", default="build/releases/privacy_ledger")
     b_set.add_argument("--population", required=True)
     b_set.add_argument("--epsilon", type=float, required=True)
-    b_set.add_argument("--delta", type=float, default=0.0)
+    b_set.add_argument("--delta", type=float, default=None, help="default: keep the current delta limit (0 if new)")
+    b_set.add_argument("--create", action="store_true", help="create the ledger table if it does not exist")
     b_set.set_defaults(func=cmd_budget)
     rep = sub.add_parser("report", help="write an HTML report with one chart per released statistic")
     rep.add_argument("--table", default="build/releases/releases")

@@ -184,13 +184,14 @@ class LimitConfig(_EpsilonDelta):
 class LedgerConfig(_Frozen):
     """The privacy ledger (``spark_jobs.ledger``).
 
-    ``population``: the protected population this job's persons belong to (default
-    ``<input.dataset or input.path>:<privacy_unit.column>``); every job reading the same persons
-    must name the same population, whatever table or partition it reads. ``path``: the ledger
-    Delta table (default ``<output.path>/privacy_ledger``). ``initial_limit``: the lifetime limit
-    created when the population has none yet (an operator changes it with ``person-dp budget
-    set``); without it, a population with no limit refuses to run. ``enabled: false`` runs without
-    a ledger (no lifetime budget: for tests and experiments only).
+    ``population`` (required while the ledger is enabled): the protected population this job's
+    persons belong to; every job reading the same persons must name the same population, whatever
+    table or partition it reads. ``path``: the ledger Delta table (default
+    ``<output.path>/privacy_ledger``; give every job of a site the same path: a different ledger
+    is a different budget). ``initial_limit``: the lifetime limit created when the population has
+    none yet (an operator changes it with ``person-dp budget set``); without it, a population
+    with no limit refuses to run. ``enabled: false`` runs without a ledger (no lifetime budget:
+    for tests and experiments only).
     """
 
     enabled: bool = True
@@ -234,6 +235,11 @@ class JobConfig(_Frozen):
             raise ValueError(
                 f"statistics shares sum to {total:.6g}, more than the whole budget (1.0)"
             )
+        if self.ledger.enabled and not self.ledger.population:
+            raise ValueError(
+                "ledger.population is required: name the persons behind this source (e.g. "
+                "'web-users'), the same in every job that reads them, or set ledger.enabled: false"
+            )
         names = [s.name for s in self.statistics]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -267,8 +273,8 @@ class JobConfig(_Frozen):
         return self.ledger.path or self.output.path.rstrip("/") + "/privacy_ledger"
 
     def population(self) -> str:
-        """The protected population this job spends from."""
-        return self.ledger.population or f"{self.input.dataset or self.input.path}:{self.privacy_unit.column}"
+        """The protected population this job spends from (``ledger.population``)."""
+        return self.ledger.population or f"(unnamed:{self.privacy_unit.column})"
 
     def run_id_for(self, run_key: str | None) -> str | None:
         """Run id of a keyed run: SHA-256 of (job name, run key, :meth:`release_hash`), or None."""

@@ -260,10 +260,9 @@ def run_job(
         fixed = ledger.reconcile(population, released_run_ids(table_path, cfg.job_name))
         if fixed:
             log.info("ledger reconciled: %d entr%s marked released", fixed, "y" if fixed == 1 else "ies")
-        if cfg.ledger.initial_limit is not None and ledger.population(population) is None:
+        if cfg.ledger.initial_limit is not None:
             lim = cfg.ledger.initial_limit
-            ledger.set_limit(population, Budget(lim.epsilon, lim.delta))
-            log.info("ledger: population %r created with limit epsilon=%g delta=%g", population, lim.epsilon, lim.delta)
+            ledger.set_limit(population, Budget(lim.epsilon, lim.delta), only_if_absent=True)
     if keyed:
         stored = stored_release(table_path, run_id)
         if stored:
@@ -296,7 +295,8 @@ def run_job(
     ).persist()
     try:
         backend = SparkAggregates(summary)
-        accountant = Accountant(Budget(cfg.budget.epsilon, cfg.budget.delta))
+        # the run may never spend more than it reserved
+        accountant = Accountant(reservation.budget if reservation is not None else Budget(cfg.budget.epsilon, cfg.budget.delta))
         rows: list[ReleaseRow] = []
         created = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
         for stat in cfg.statistics:

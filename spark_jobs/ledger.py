@@ -32,13 +32,46 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import os
+import socket
 import time
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from dplib.budget import REL_TOL, Budget
-from dplib.errors import BudgetExceededError, ConfigError
+from dplib.errors import BudgetExceededError, ConfigError, DPError
+
+
+class LedgerBusyError(DPError):
+    """The ledger saw too many concurrent commits in a row; retrying later is safe."""
+
+
+class RunInProgressError(DPError):
+    """Another process holds a live reservation for this run id."""
+
+
+def current_owner() -> str:
+    """``host:pid`` of this process (recorded with each reservation)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owner_is_dead(owner: str | None) -> bool:
+    """True if ``owner`` is a process of this host that no longer runs (a crashed run)."""
+    if not owner or ":" not in owner:
+        return True
+    host, pid = owner.rsplit(":", 1)
+    if host != socket.gethostname():
+        return False
+    try:
+        if int(pid) == os.getpid():
+            return True  # an earlier attempt in this very process, which has failed
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError):
+        return False
+    return False
 
 log = logging.getLogger("person_dp.ledger")
 
@@ -56,6 +89,7 @@ LEDGER_SCHEMA = pa.schema(
         ("epsilon", pa.float64()),
         ("delta", pa.float64()),
         ("status", pa.string()),
+        ("owner", pa.string()),
         ("updated_at", pa.timestamp("us")),
     ]
 )
@@ -196,15 +230,21 @@ class Ledger:
                     conflicts += 1
                     continue
                 raise
-        raise BudgetExceededError(f"ledger {self.path}: too many concurrent commits; try again")
+        raise LedgerBusyError(f"ledger {self.path}: too many concurrent commits in a row; try again")
 
-    def set_limit(self, population: str, limit: Budget) -> PopulationBudget:
-        """Set (or create) a population's lifetime limit. Spent budget is kept."""
+    def set_limit(self, population: str, limit: Budget, only_if_absent: bool = False) -> PopulationBudget:
+        """Set (or create) a population's lifetime limit. Spent budget is kept.
+
+        ``only_if_absent``: create the population with this limit only if it has none; decided on
+        the same table version that is committed, so an operator's concurrent change wins.
+        """
         if not population:
             raise ConfigError("population must be a non-empty name")
 
         def build(table):
             cur = self.population(population, table)
+            if only_if_absent and cur is not None:
+                return cur, None
             spent_e, spent_d = (cur.spent_epsilon, cur.spent_delta) if cur else (0.0, 0.0)
             row = _row(kind="population", population=population, limit_epsilon=limit.epsilon,
                        limit_delta=limit.delta, spent_epsilon=spent_e, spent_delta=spent_d)
@@ -232,7 +272,8 @@ class Ledger:
                     "--epsilon E --delta D"
                 )
             new_e, new_d = cur.spent_epsilon + request.epsilon, cur.spent_delta + request.delta
-            if new_e > cur.limit_epsilon * (1 + REL_TOL) or new_d > cur.limit_delta * (1 + REL_TOL):
+            fits = new_e <= cur.limit_epsilon * (1 + REL_TOL) and new_d <= cur.limit_delta * (1 + REL_TOL)
+            if not fits:  # written so that a NaN anywhere refuses
                 raise BudgetExceededError(
                     f"population {population!r} has not enough budget left: limit (epsilon={cur.limit_epsilon:g}, "
                     f"delta={cur.limit_delta:g}), spent (epsilon={cur.spent_epsilon:g}, delta={cur.spent_delta:g}), "
@@ -240,14 +281,21 @@ class Ledger:
                 )
             previous = [r for r in self.rows(table) if r["kind"] == "entry" and r["population"] == population
                         and r["run_id"] == run_id]
+            if any(r["status"] == "released" for r in previous):
+                raise RunInProgressError(f"run {run_id} has already released; its stored release is final")
+            live = [r for r in previous if r["status"] == "reserved" and not _owner_is_dead(r["owner"])]
+            if live:
+                raise RunInProgressError(
+                    f"run {run_id} is in progress ({live[0]['owner']}); retry when it has finished or died"
+                )
             attempt = 1 + max((r["attempt"] for r in previous), default=0)
             rows = [
                 _row(kind="population", population=population, limit_epsilon=cur.limit_epsilon,
                      limit_delta=cur.limit_delta, spent_epsilon=new_e, spent_delta=new_d),
                 _row(kind="entry", population=population, run_id=run_id, attempt=attempt, job_name=job_name,
-                     epsilon=request.epsilon, delta=request.delta, status="reserved"),
+                     epsilon=request.epsilon, delta=request.delta, status="reserved", owner=current_owner()),
             ]
-            # earlier attempts of this run id that never released: abandoned (their budget stays spent)
+            # earlier attempts of this run id whose process died: abandoned (their budget stays spent)
             for r in previous:
                 if r["status"] == "reserved":
                     rows.append({**r, "status": "abandoned", "updated_at": _now()})
@@ -257,11 +305,12 @@ class Ledger:
         return Reservation(population, run_id, attempt, request, conflicts)
 
     def mark(self, population: str, run_id: str, attempt: int, status: str) -> None:
-        """Set an entry's status (``released`` / ``abandoned``)."""
+        """Move a ``reserved`` entry to ``status`` (``released`` / ``abandoned``); other states
+        are final and left alone."""
 
         def build(table):
             rows = [r for r in self.rows(table) if r["kind"] == "entry" and r["population"] == population
-                    and r["run_id"] == run_id and r["attempt"] == attempt and r["status"] != status]
+                    and r["run_id"] == run_id and r["attempt"] == attempt and r["status"] == "reserved"]
             return None, [{**r, "status": status, "updated_at": _now()} for r in rows]
 
         self._commit(build)

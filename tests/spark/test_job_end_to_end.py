@@ -36,7 +36,7 @@ def make_config(input_path, out, fmt="parquet", options=None, **budget):
                 {"name": "dep", "kind": "mean", "columns": ["dep_delay"], "share": 0.5, "options": options},
             ],
             "output": {"path": str(out)},
-            "ledger": {"initial_limit": {"epsilon": 1000.0, "delta": 0.5}},
+            "ledger": {"population": "flights-aircraft", "initial_limit": {"epsilon": 1000.0, "delta": 0.5}},
         }
     )
 

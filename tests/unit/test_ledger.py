@@ -47,8 +47,18 @@ def test_no_limit_refuses(tmp_path):
         led.reserve("x", "a", "job", Budget(0.1, 0.0))
 
 
+def _reserved_by(ledger, run_id, owner):
+    """Rewrite the owner of a reserved entry (simulates a reservation made by another process)."""
+    rows = [{**r, "owner": owner} for r in ledger.rows() if r["kind"] == "entry" and r["run_id"] == run_id]
+    ledger._merge(ledger._table(), rows)
+
+
 def test_retry_of_a_run_id_abandons_the_old_attempt(ledger):
     ledger.reserve("pop", "r", "job", Budget(0.3, 0.0))
+    # the first attempt's process died (a pid that cannot exist on this host)
+    import socket
+
+    _reserved_by(ledger, "r", f"{socket.gethostname()}:999999999")
     ledger.reserve("pop", "r", "job", Budget(0.3, 0.0))
     entries = sorted((e["attempt"], e["status"]) for e in ledger.entries("pop", "r"))
     assert entries == [(1, "abandoned"), (2, "reserved")]
@@ -123,3 +133,45 @@ def _small_racer(path, barrier, name, out):
     barrier.wait()
     res = led.reserve("pop", name, "job", Budget(0.1, 0.0))
     out.put((name, "ok", res.conflicts))
+
+
+def test_same_run_id_in_progress_or_released_is_refused(ledger):
+    from spark_jobs.ledger import RunInProgressError
+
+    ledger.reserve("pop", "r", "job", Budget(0.3, 0.0))
+    _reserved_by(ledger, "r", "another-host:1234")  # alive elsewhere, as far as we can tell
+    with pytest.raises(RunInProgressError, match="in progress"):
+        ledger.reserve("pop", "r", "job", Budget(0.3, 0.0))
+    ledger.mark("pop", "r", 1, "released")
+    with pytest.raises(RunInProgressError, match="already released"):
+        ledger.reserve("pop", "r", "job", Budget(0.3, 0.0))
+    # a final state is never changed back
+    ledger.mark("pop", "r", 1, "abandoned")
+    assert [e["status"] for e in ledger.entries("pop", "r")] == ["released"]
+    assert ledger.population("pop").spent_epsilon == pytest.approx(0.3)
+
+
+def test_initial_limit_never_overwrites_an_operator_limit(ledger):
+    ledger.set_limit("pop", Budget(5.0, 0.0), only_if_absent=True)
+    assert ledger.population("pop").limit_epsilon == 1.0
+    ledger.set_limit("new", Budget(5.0, 0.0), only_if_absent=True)
+    assert ledger.population("new").limit_epsilon == 5.0
+
+
+def test_two_snapshots_of_one_version_conflict(tmp_path):
+    """Deterministic form of the race: two writers build from the same table version; the
+    second commit is refused by Delta's optimistic concurrency (CommitFailedError)."""
+    from deltalake.exceptions import CommitFailedError
+
+    from spark_jobs.ledger import LEDGER_SCHEMA, _row
+
+    led = Ledger(str(tmp_path / "ledger"))
+    led.set_limit("pop", Budget(1.0, 0.0))
+    a, b = led._table(), led._table()
+    row = lambda spent: _row(kind="population", population="pop", limit_epsilon=1.0, limit_delta=0.0,
+                             spent_epsilon=spent, spent_delta=0.0)
+    led._merge(a, [row(0.6)])
+    with pytest.raises(CommitFailedError):
+        led._merge(b, [row(0.6)])
+    assert led.population("pop").spent_epsilon == 0.6
+    assert LEDGER_SCHEMA.field("owner") is not None
