@@ -30,6 +30,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--config", default="conf/examples/flights.yaml")
+    ap.add_argument("--set", action="append", default=[], help="config override, e.g. statistics.0.options.scale=30")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -38,9 +39,8 @@ def main() -> None:
     from spark_jobs.job import run_job
     from spark_jobs.session import build_session
 
-    cfg = load_config(args.config)
     out = tempfile.mkdtemp(prefix="demo-accuracy-")
-    cfg = cfg.model_copy(update={"output": cfg.output.model_copy(update={"path": out})})
+    cfg = load_config(args.config, args.set + [f"output.path={out}"])
     records = pd.read_parquet(cfg.input.path)
     spark = build_session(cfg.spark.master, "demo-accuracy", cfg.spark.conf)
     results: dict[str, list[tuple[float, float]]] = {s.name: [] for s in cfg.statistics}
@@ -51,8 +51,8 @@ def main() -> None:
                 results[row.statistic].append((row.estimate[0], row.error_bar[0]))
             else:
                 results[row.statistic].append((float("nan"), float("nan")))
-    print(f"\n{args.runs} seeded runs of {args.config} (fresh salt each run), eps={cfg.budget.epsilon}, "
-          f"delta={cfg.budget.delta}")
+    print(f"\n{args.runs} seeded runs of {args.config} {' '.join(args.set)} (fresh salt each run), "
+          f"eps={cfg.budget.epsilon}, delta={cfg.budget.delta}")
     print(f"{'statistic':<18}{'exact':>9}{'persons':>9}{'median |err|':>14}{'p90 |err|':>11}"
           f"{'max |err|':>11}{'<= 2 min':>10}{'bar covers':>12}{'median bar':>12}")
     for stat in cfg.statistics:
