@@ -44,6 +44,7 @@ def _print_release(result) -> None:
 
 
 def cmd_run(args) -> int:
+    """``person-dp run``: run a job (or print its plan with --dry-run). Exit 2 on bad config, input or budget."""
     from spark_jobs.config import load_config
     from spark_jobs.job import plan_job, run_job
 
@@ -63,6 +64,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_prepare_flights(args) -> int:
+    """``person-dp prepare-flights``: write the bundled flights as a Parquet records table."""
     from spark_jobs.datasets import prepare_flights
 
     path = prepare_flights(args.out, sample_aircraft=args.sample_aircraft)
@@ -71,6 +73,7 @@ def cmd_prepare_flights(args) -> int:
 
 
 def cmd_releases(args) -> int:
+    """``person-dp releases list|show``: read the releases Delta table without Spark."""
     from spark_jobs.query import RELEASE_COLUMNS, read_releases, render
 
     rows = read_releases(args.table, getattr(args, "run_id", None))
@@ -86,6 +89,7 @@ def cmd_releases(args) -> int:
 
 
 def cmd_budget(args) -> int:
+    """``person-dp budget show|set``: read or set population limits in the ledger (no Spark)."""
     from dplib.budget import Budget
     from spark_jobs.ledger import Ledger
     from spark_jobs.query import budget_rows, render
@@ -123,6 +127,7 @@ def cmd_budget(args) -> int:
 
 
 def cmd_report(args) -> int:
+    """``person-dp report``: write an HTML page with one chart per statistic of a run."""
     from spark_jobs.query import write_report
 
     page = write_report(args.table, args.out, args.run_id)
@@ -131,6 +136,7 @@ def cmd_report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``person-dp`` argument parser."""
     p = argparse.ArgumentParser(prog="person-dp", description="Person-level differentially private statistics on Spark")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)

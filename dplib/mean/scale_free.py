@@ -42,8 +42,15 @@ from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import choose_radius, deviation_profile, magnitude_range, tail_model, window_center
-from dplib.mean.univariate import ERROR_LEVEL, STATUS_INSUFFICIENT, STATUS_OK, MeanRelease, count_weight
-from dplib.mechanisms import NoiseSource, clamp_exact, inflate, laplace_mechanism
+from dplib.mean.univariate import (
+    ERROR_LEVEL,
+    STATUS_INSUFFICIENT,
+    STATUS_OK,
+    MeanRelease,
+    centred_clip_and_noise,
+    count_weight,
+)
+from dplib.mechanisms import NoiseSource
 
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
 ALGORITHM_VERSION = "1"
@@ -308,14 +315,8 @@ def scale_free_person_mean(
     # 4. fine clip-and-noise
     charge(3)
     c = count_weight(rho, min(1.5 * bin_width, rho))
-    exact_sum, exact_count = backend.clipped_sum([column], np.array([center]), rho, g_fine)
-    exact = clamp_exact(np.array([float(exact_sum[0]), c * exact_count]))
-    noisy, scale = laplace_mechanism(exact, inflate(rho + c), b_fine.epsilon, noise)
-    del exact_sum, exact_count, exact
-    s_noisy, n_noisy = float(noisy[0]), float(noisy[1]) / c
-    denom = max(n_noisy, 1.0)
-    deviation = s_noisy / denom
-    estimate = center + deviation
+    fine = centred_clip_and_noise(backend, column, center, rho, c, g_fine, b_fine.epsilon, noise)
+    n_noisy, denom, deviation, estimate, scale = fine.n_noisy, fine.denom, fine.deviation, fine.estimate, fine.scale
 
     # error bar: (e_S - d e_N)/N~  +  split sampling  +  clipping-bias bound
     n_all_hat = max(denom / g_fine.fraction, denom)

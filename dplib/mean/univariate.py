@@ -243,6 +243,50 @@ def count_weight(rho: float, u: float) -> float:
     return float(max(u ** (2.0 / 3.0) * rho ** (1.0 / 3.0), rho / 8.0))
 
 
+@dataclass(frozen=True)
+class FineRelease:
+    """DP outputs of :func:`centred_clip_and_noise` (all post-processing of one Laplace release)."""
+
+    estimate: float
+    deviation: float  # S~ / max(N~, 1)
+    n_noisy: float
+    denom: float  # max(N~, 1)
+    scale: float  # Laplace scale of the sum, data units
+
+
+def centred_clip_and_noise(
+    backend: Aggregates,
+    column: str,
+    center: float,
+    radius: float,
+    count_weight_: float,
+    group: GroupRange,
+    epsilon: float,
+    noise: NoiseSource,
+) -> FineRelease:
+    """Fine stage: release ``(sum_i trunc(Y_i - center, radius), w n)`` with Laplace noise.
+
+    The caller must have charged ``epsilon`` on ``group``. ``center``, ``radius`` and ``w`` must
+    be public (DP outputs or constants).
+
+    Privacy
+    -------
+    epsilon-DP under add/remove: the fixed-point centred sum moves by at most ``radius`` and
+    ``w n`` by ``w`` (l1 sensitivity ``radius + w``, inflated by the float-rounding margin); the
+    exact vector is clamped to +-1e306 first (1-Lipschitz). Lemma 3.12 of Agarwal et al. 2024
+    with a DP denominator (spec §6.1).
+    """
+    w = count_weight_
+    exact_sum, exact_count = backend.clipped_sum([column], np.array([center]), radius, group)
+    exact = clamp_exact(np.array([float(exact_sum[0]), w * exact_count]))
+    noisy, scale = laplace_mechanism(exact, inflate(radius + w), epsilon, noise)
+    del exact_sum, exact_count, exact
+    s_noisy, n_noisy = float(noisy[0]), float(noisy[1]) / w
+    denom = max(n_noisy, 1.0)
+    deviation = s_noisy / denom
+    return FineRelease(float(center + deviation), deviation, n_noisy, denom, scale)
+
+
 def _diff_of_laplace_quantile(b1: float, b2: float, level: float) -> float:
     """``t`` with ``P(|X - w Y| <= t) = level`` for X ~ Lap(b1), wY ~ Lap(b2) independent.
 
@@ -378,14 +422,8 @@ def univariate_person_mean(
     c = count_weight(rho, plan.coarse_error_bound)
 
     accountant.charge(fine_charge.stage, fine_charge.budget, fine_charge.group)
-    exact_sum, exact_count = backend.clipped_sum([column], np.array([mu_c]), rho, plan.fine_group)
-    exact = clamp_exact(np.array([float(exact_sum[0]), c * exact_count]))
-    noisy, scale = laplace_mechanism(exact, inflate(rho + c), fine_eps, noise)
-    del exact_sum, exact_count, exact
-    s_noisy, n_noisy = float(noisy[0]), float(noisy[1]) / c
-    denom = max(n_noisy, 1.0)
-    deviation = s_noisy / denom
-    estimate = mu_c + deviation
+    fine = centred_clip_and_noise(backend, column, mu_c, rho, c, plan.fine_group, fine_eps, noise)
+    n_noisy, denom, deviation, estimate, scale = fine.n_noisy, fine.denom, fine.deviation, fine.estimate, fine.scale
     # Noise-only error: (e_S - d * e_N) / N~ with e_S ~ Lap(scale), e_N ~ Lap(scale / c), and the
     # released deviation d as plug-in for the true clipped deviation (post-processing).
     half = _diff_of_laplace_quantile(scale, abs(deviation) * scale / c, ERROR_LEVEL) / denom
