@@ -31,15 +31,12 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
-from scipy.optimize import brentq
-from scipy.special import roots_hermitenorm
-from scipy.stats import norm
 
 from dplib.aggregates import Aggregates
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
+from dplib.mean.error_bars import noise_and_sampling_quantile
 from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import choose_radius, deviation_profile, magnitude_range, tail_model, window_center
 from dplib.mean.univariate import (
@@ -154,71 +151,6 @@ class ScaleFreeMeanPlan:
             "range_quantile": self.range_quantile,
             "exponent_range": list(self.exponent_range) if self.budget.delta == 0 else None,
         }
-
-
-def _laplace_pair_tail(t: float, a: float, b: float) -> float:
-    """P(|X + Y| > t) for independent X ~ Lap(a), Y ~ Lap(b), t >= 0."""
-    if b <= 0 or a <= 0:
-        s = max(a, b)
-        return math.exp(-t / s)
-    if abs(a - b) <= 1e-9 * max(a, b):
-        return math.exp(-t / a) * (1.0 + t / (2.0 * a))
-    return (a * a * math.exp(-t / a) - b * b * math.exp(-t / b)) / (a * a - b * b)
-
-
-def _laplace_pair_density(z: float, a: float, b: float) -> float:  # noqa: D401
-    """Density of X + Y, X ~ Lap(a), Y ~ Lap(b) independent."""
-    z = abs(z)
-    if b <= 0 or a <= 0:
-        s_ = max(a, b)
-        return math.exp(-z / s_) / (2.0 * s_)
-    if abs(a - b) <= 1e-9 * max(a, b):
-        return (1.0 + z / a) * math.exp(-z / a) / (4.0 * a)
-    return (a * math.exp(-z / a) - b * math.exp(-z / b)) / (2.0 * (a * a - b * b))
-
-
-def noise_and_sampling_quantile(a: float, b: float, sigma: float, level: float = ERROR_LEVEL) -> float:
-    """``t`` with ``P(|X + Y + G| <= t) = level``; X ~ Lap(a), Y ~ Lap(b), G ~ N(0, sigma^2).
-
-    Solved in units of ``a + b + sigma`` (so the answer scales exactly with the data). The tail
-    is integrated over whichever variable is smoother on the other's scale: over ``Z = X + Y``
-    on a fine grid (closed-form density) when ``sigma >= a + b``, else over ``G`` by 60-node
-    Gauss-Hermite quadrature of the closed-form tail of ``Z``.
-    """
-    unit = a + b + sigma
-    if not (math.isfinite(unit) and unit > 0):
-        raise InvalidParameterError(f"noise scales must be finite, not all zero: {a!r}, {b!r}, {sigma!r}")
-    a, b, sigma = a / unit, b / unit, sigma / unit
-    lap = a + b
-    if sigma <= 1e-12:
-        t = brentq(lambda t: _laplace_pair_tail(t, a, b) - (1 - level), 0.0, 60.0 * lap, xtol=1e-12)
-        return float(t) * unit
-    if lap <= 1e-12:
-        return float(norm.ppf(0.5 + level / 2.0)) * sigma * unit
-    if sigma >= lap:
-        z = np.linspace(-40.0 * lap, 40.0 * lap, 8001)
-        w = np.vectorize(_laplace_pair_density)(z, a, b)
-        w = w / np.trapezoid(w, z)
-
-        def tail(t: float) -> float:
-            return float(np.trapezoid(w * (norm.sf((t - z) / sigma) + norm.cdf((-t - z) / sigma)), z))
-    else:
-        nodes, weights = _HERMITE
-        g = nodes * sigma
-
-        def tail(t: float) -> float:
-            total = 0.0
-            for y1, y2, wt in zip(t - g, t + g, weights):
-                for y in (y1, y2):
-                    half = 0.5 * _laplace_pair_tail(abs(y), a, b)
-                    total += wt * (half if y >= 0 else 1.0 - half)
-            return total
-
-    t = brentq(lambda t: tail(t) - (1 - level), 0.0, 60.0 * lap + 10.0 * sigma, xtol=1e-10)
-    return float(t) * unit
-
-
-_HERMITE = (lambda r: (r[0], r[1] / r[1].sum()))(roots_hermitenorm(60))
 
 
 def _insufficient(reason: str, accountant: Accountant, start: int, params: dict) -> MeanRelease:

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from scipy.optimize import brentq
 
 from dplib.aggregates import Aggregates
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
+from dplib.mean.error_bars import ERROR_LEVEL, noise_and_sampling_quantile
 from dplib.mean.params import (
     check_moment_order,
     check_positive,
@@ -49,7 +49,6 @@ STATUS_OK = "OK"
 STATUS_INSUFFICIENT = "INSUFFICIENT_DATA"
 #: Largest number of bins of the pure-DP coarse histogram (``(2R + 4r) / r``).
 MAX_PURE_BINS = 1_000_000
-ERROR_LEVEL = 0.90
 
 
 @dataclass(frozen=True)
@@ -287,27 +286,6 @@ def centred_clip_and_noise(
     return FineRelease(float(center + deviation), deviation, n_noisy, denom, scale)
 
 
-def _diff_of_laplace_quantile(b1: float, b2: float, level: float) -> float:
-    """``t`` with ``P(|X - w Y| <= t) = level`` for X ~ Lap(b1), wY ~ Lap(b2) independent.
-
-    Tail of the sum of two independent Laplace variables (scales a != b):
-    ``P(|Z| > t) = (a^2 e^{-t/a} - b^2 e^{-t/b}) / (a^2 - b^2)``; for a == b it is
-    ``e^{-t/a} (1 + t / (2a))``.
-    """
-    a, b = max(b1, 0.0), max(b2, 0.0)
-    if b == 0.0 or a == 0.0:
-        scale = a if b == 0.0 else b
-        return -scale * math.log(1.0 - level)
-
-    def tail(t: float) -> float:
-        if abs(a - b) <= 1e-9 * max(a, b):
-            return math.exp(-t / a) * (1.0 + t / (2.0 * a))
-        return (a * a * math.exp(-t / a) - b * b * math.exp(-t / b)) / (a * a - b * b)
-
-    hi = 50.0 * (a + b)
-    return float(brentq(lambda t: tail(t) - (1.0 - level), 0.0, hi))
-
-
 def range_estimator(
     backend: Aggregates,
     column: str,
@@ -426,7 +404,7 @@ def univariate_person_mean(
     n_noisy, denom, deviation, estimate, scale = fine.n_noisy, fine.denom, fine.deviation, fine.estimate, fine.scale
     # Noise-only error: (e_S - d * e_N) / N~ with e_S ~ Lap(scale), e_N ~ Lap(scale / c), and the
     # released deviation d as plug-in for the true clipped deviation (post-processing).
-    half = _diff_of_laplace_quantile(scale, abs(deviation) * scale / c, ERROR_LEVEL) / denom
+    half = noise_and_sampling_quantile(scale / denom, (abs(deviation) / c) * (scale / denom), 0.0, ERROR_LEVEL)
     eps, delta = composed_cost(accountant.charges[start:])
     params.update(
         {

@@ -183,7 +183,6 @@ def test_no_salt_or_exact_count_in_logs_or_table(spark, flights_sample, tmp_path
     caplog.set_level(logging.DEBUG)
     res = run_job(make_config(path, tmp_path, options={"scale": 30}), spark=spark, noise=SeededNoise(5))
     exact_n = {str(exact_person_mean(pdf, c)[1]) for c in ("arr_delay", "dep_delay")}
-    from deltalake import DeltaTable
 
     table_text = read_delta(res.table_path).to_pandas().astype(str).to_csv()
     log_text = caplog.text

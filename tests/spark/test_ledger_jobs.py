@@ -60,7 +60,6 @@ def test_keyed_run_spends_once_unkeyed_twice(spark, tmp_path):
     assert led.population("events-users").spent_epsilon == pytest.approx(3.0)
     assert sorted(e["status"] for e in led.entries("events-users")) == ["released"] * 3
     assert spent_is_consistent(led, "events-users")
-    from deltalake import DeltaTable
 
     assert len(read_delta(str(tmp_path / "out" / "releases")).to_pandas()) == 3
 
@@ -126,7 +125,6 @@ def test_crash_at_each_step_then_retry(spark, tmp_path, step):
         assert entries == [(1, "abandoned"), (2, "released")]
         assert led.population("events-users").spent_epsilon == pytest.approx(2.0)
     assert spent_is_consistent(led, "events-users")
-    from deltalake import DeltaTable
 
     assert len(read_delta(str(table)).to_pandas()) == 1
 

@@ -4,7 +4,6 @@ and two processes racing for the last budget (a real concurrent-commit conflict 
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 
 import pytest
 
@@ -76,14 +75,12 @@ def test_set_limit_keeps_spent(ledger):
 
 def _racer(path, barrier, name, out):
     led = Ledger(path)
-    table = led._table()  # both processes read the same version ...
-    barrier.wait()        # ... then try to commit at the same moment
+    barrier.wait()  # both try to reserve at the same moment
     try:
         res = led.reserve("pop", name, "job", Budget(0.6, 0.0))
         out.put((name, "ok", res.conflicts))
     except BudgetExceededError:
         out.put((name, "refused", None))
-    del table
 
 
 @pytest.mark.parametrize("round_", range(4))
@@ -103,8 +100,6 @@ def test_two_processes_race_for_room_for_one(tmp_path, round_):
     led = Ledger(path)
     assert led.population("pop").spent_epsilon == pytest.approx(0.6)
     assert spent_is_consistent(led, "pop")
-    # the winner either committed first, or lost a commit race and retried; record which
-    _racer.conflicts = getattr(_racer, "conflicts", 0) + sum(r[2] or 0 for r in results)
 
 
 def test_a_conflict_and_retry_really_happen(tmp_path):

@@ -15,11 +15,11 @@ from dplib.aggregates import NumpyAggregates
 from dplib.budget import Accountant, Budget
 from dplib.errors import BudgetExceededError, InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
+from dplib.mean.error_bars import noise_and_sampling_quantile
 from dplib.mean.univariate import (
     STATUS_INSUFFICIENT,
     STATUS_OK,
     UnivariateMeanPlan,
-    _diff_of_laplace_quantile,
     univariate_person_mean,
 )
 from dplib.mechanisms import SeededNoise
@@ -409,7 +409,7 @@ def test_diff_of_laplace_quantile_matches_monte_carlo(a, b, level):
     n = 200_000
     x = rng.laplace(0.0, a, size=n)
     z = np.abs(x - (rng.laplace(0.0, b, size=n) if b > 0 else 0.0))
-    t = _diff_of_laplace_quantile(a, b, level)
+    t = noise_and_sampling_quantile(a, b, 0.0, level)
     half_width = 5.0 * math.sqrt(level * (1 - level) / n)  # 5-sigma binomial band
     assert abs(np.mean(z <= t) - level) <= half_width
     # Power: a quantile 30% off is outside the band.
@@ -419,10 +419,10 @@ def test_diff_of_laplace_quantile_matches_monte_carlo(a, b, level):
 
 def test_diff_of_laplace_quantile_closed_forms():
     # One scale zero: quantile of |Lap(a)| is -a ln(1 - level).
-    assert _diff_of_laplace_quantile(2.0, 0.0, 0.9) == pytest.approx(2.0 * math.log(10.0), rel=1e-12)
-    assert _diff_of_laplace_quantile(0.0, 3.0, 0.5) == pytest.approx(3.0 * math.log(2.0), rel=1e-12)
+    assert noise_and_sampling_quantile(2.0, 0.0, 0.0, 0.9) == pytest.approx(2.0 * math.log(10.0), rel=1e-12)
+    assert noise_and_sampling_quantile(0.0, 3.0, 0.0, 0.5) == pytest.approx(3.0 * math.log(2.0), rel=1e-12)
     # Equal scales: P(|Z| > t) = e^{-t/a} (1 + t/(2a)).
-    t = _diff_of_laplace_quantile(1.0, 1.0, 0.9)
+    t = noise_and_sampling_quantile(1.0, 1.0, 0.0, 0.9)
     assert math.exp(-t) * (1 + t / 2) == pytest.approx(0.1, rel=1e-9)
     # Symmetric in its two scales.
-    assert _diff_of_laplace_quantile(1.0, 0.3, 0.9) == pytest.approx(_diff_of_laplace_quantile(0.3, 1.0, 0.9), rel=1e-9)
+    assert noise_and_sampling_quantile(1.0, 0.3, 0.0, 0.9) == pytest.approx(noise_and_sampling_quantile(0.3, 1.0, 0.0, 0.9), rel=1e-9)

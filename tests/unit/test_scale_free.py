@@ -18,7 +18,8 @@ from dplib.aggregates import NumpyAggregates
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import BudgetExceededError, InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
-from dplib.mean.scale_free import ScaleFreeMeanPlan, noise_and_sampling_quantile, scale_free_person_mean
+from dplib.mean.error_bars import noise_and_sampling_quantile
+from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
 from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK
 from dplib.mechanisms import SeededNoise
 
