@@ -105,8 +105,40 @@ class Aggregates(Protocol):
         """
         ...
 
+    def histograms(
+        self,
+        columns: Sequence[str],
+        bin_widths: Sequence[float],
+        offsets: Sequence[float],
+        group: GroupRange,
+    ) -> list[dict[int, int]]:
+        """One histogram per column (as :meth:`histogram`, default clamp), in one pass.
+
+        Only persons with a value for *every* one of ``columns`` are counted (the persons of a
+        multivariate statistic). Returns the non-empty bins of each column, in column order.
+        """
+        ...
+
+    def log_histograms(
+        self,
+        columns: Sequence[str],
+        centers: Sequence[float],
+        group: GroupRange,
+        sub_edges: tuple[float, ...] = (),
+    ) -> list[dict[int, int]]:
+        """One log-magnitude histogram per column (as :meth:`log_histogram`), in one pass.
+
+        Only persons with a value for every one of ``columns`` are counted.
+        """
+        ...
+
     def clipped_sum(
-        self, columns: Sequence[str], center: np.ndarray, radius: float, group: GroupRange
+        self,
+        columns: Sequence[str],
+        center: np.ndarray,
+        radius: float,
+        group: GroupRange,
+        scales: np.ndarray | None = None,
     ) -> tuple[np.ndarray, int]:
         """``(sum_i (clip_{radius, center}(Y_i) - center), count)`` over persons in ``group``.
 
@@ -115,6 +147,10 @@ class Aggregates(Protocol):
         ``radius / 2**QUANT_BITS``) and summed exactly as integers; the result is returned as a
         ``(d,)`` float array in data units, with the number of persons. Its add/remove l2
         sensitivity is :func:`clipped_sum_l2_sensitivity` (``radius`` for d = 1).
+
+        With ``scales`` (shape ``(d,)``, positive; a public diagonal preconditioner) the
+        deviations are taken in scaled units, ``x_j = (Y_ij - center_j) / scales_j``, clipped
+        to the l2 ball of ``radius`` in those units, and the sum is returned in scaled units.
         """
         ...
 
@@ -136,6 +172,26 @@ def histogram_clamp(bin_width: float, offset: float, clamp: tuple[float, float] 
             f"clamp {clamp!r} reaches more than 2**40 bins of width {bin_width!r} from the offset"
         )
     return lo, hi
+
+
+def check_scales(scales, d: int) -> np.ndarray | None:
+    """Validate a diagonal preconditioner: ``None`` or ``d`` positive finite floats."""
+    if scales is None:
+        return None
+    s = np.atleast_1d(np.asarray(scales, dtype=np.float64))
+    if s.shape != (d,) or not np.all(np.isfinite(s)) or not np.all(s > 0):
+        raise InvalidParameterError(f"scales must be {d} positive finite numbers, got {scales!r}")
+    return s
+
+
+def check_multi(columns: Sequence[str], per_column: Sequence[float], name: str) -> list[float]:
+    """Validate one finite float per column (bin widths, offsets, centres)."""
+    vals = [float(v) for v in per_column]
+    if len(columns) == 0 or len(vals) != len(columns):
+        raise InvalidParameterError(f"{name} must hold one value per column ({len(columns)}), got {len(vals)}")
+    if not all(np.isfinite(v) for v in vals):
+        raise InvalidParameterError(f"{name} must be finite")
+    return vals
 
 
 def check_clip_args(columns: Sequence[str], center: np.ndarray, radius: float) -> np.ndarray:
@@ -176,15 +232,27 @@ def clipped_sum_l2_sensitivity(radius: float, d: int) -> float:
     return float(radius) * (1.0 + np.sqrt(d) / 2.0 ** (QUANT_BITS + 1))
 
 
-def clip_deviations(values: np.ndarray, center: np.ndarray, radius: float) -> np.ndarray:
-    """``clip_{radius, center}(Y_i) - center`` for each row of ``values`` (shape ``(n, d)``)."""
+def clip_deviations(
+    values: np.ndarray, center: np.ndarray, radius: float, scales: np.ndarray | None = None
+) -> np.ndarray:
+    """``clip_{radius, center}(Y_i) - center`` for each row of ``values`` (shape ``(n, d)``).
+
+    With ``scales``, in scaled units: ``x = (Y_i - center) / scales`` clipped to the l2 ball.
+    """
     diff = np.clip(values, -VALUE_BOUND, VALUE_BOUND) - center[None, :]
+    if scales is not None:
+        diff = diff / scales[None, :]
     if values.shape[1] == 1:
         return np.minimum(np.maximum(diff, -radius), radius)
     # Scaled norm: ||x|| = s * ||x / s|| with s = max |x_j|, so 1e200-sized values do not overflow.
     scale = np.max(np.abs(diff), axis=1)
     safe = np.where(scale > 0, scale, 1.0)
-    norm = scale * np.sqrt(np.sum((diff / safe[:, None]) ** 2, axis=1))
+    q = diff / safe[:, None]
+    # sum of squares left to right, exactly as the Spark backend's expression (same rounding)
+    acc = q[:, 0] * q[:, 0]
+    for j in range(1, q.shape[1]):
+        acc = acc + q[:, j] * q[:, j]
+    norm = scale * np.sqrt(acc)
     factor = np.where(norm > radius, radius / np.where(norm > 0, norm, 1.0), 1.0)
     return diff * factor[:, None]
 
@@ -259,12 +327,28 @@ class NumpyAggregates:
         keys, counts = np.unique(bins, return_counts=True)
         return {int(k): int(c) for k, c in zip(keys, counts)}
 
-    def log_histogram(
-        self, column: str, center: float, group: GroupRange, sub_edges: tuple[float, ...] = ()
-    ) -> dict[int, int]:
-        edges = check_sub_edges(sub_edges)
-        c = float(np.clip(check_clip_args([column], np.array([center]), 1.0)[0], -VALUE_BOUND, VALUE_BOUND))
-        x = np.clip(self._rows([column], group)[:, 0], -VALUE_BOUND, VALUE_BOUND) - c
+    def histograms(
+        self,
+        columns: Sequence[str],
+        bin_widths: Sequence[float],
+        offsets: Sequence[float],
+        group: GroupRange,
+    ) -> list[dict[int, int]]:
+        widths = check_multi(columns, bin_widths, "bin_widths")
+        offs = check_multi(columns, offsets, "offsets")
+        rows = self._rows(columns, group)
+        out = []
+        for j, (w, off) in enumerate(zip(widths, offs)):
+            lo, hi = histogram_clamp(w, off, None)
+            bins = np.floor((np.minimum(np.maximum(rows[:, j], lo), hi) - off) / w).astype(np.int64)
+            keys, counts = np.unique(bins, return_counts=True)
+            out.append({int(k): int(c) for k, c in zip(keys, counts)})
+        return out
+
+    @staticmethod
+    def _log_keys(values: np.ndarray, center: float, edges: tuple[float, ...]) -> dict[int, int]:
+        c = float(np.clip(center, -VALUE_BOUND, VALUE_BOUND))
+        x = np.clip(values, -VALUE_BOUND, VALUE_BOUND) - c
         a = np.abs(x)
         zero = a < 2.0**MIN_EXPONENT
         safe = np.where(zero, 1.0, a)
@@ -281,14 +365,44 @@ class NumpyAggregates:
         keys, counts = np.unique(key, return_counts=True)
         return {int(k): int(v) for k, v in zip(keys, counts)}
 
+    def log_histogram(
+        self, column: str, center: float, group: GroupRange, sub_edges: tuple[float, ...] = ()
+    ) -> dict[int, int]:
+        edges = check_sub_edges(sub_edges)
+        c = float(check_clip_args([column], np.array([center]), 1.0)[0])
+        return self._log_keys(self._rows([column], group)[:, 0], c, edges)
+
+    def log_histograms(
+        self,
+        columns: Sequence[str],
+        centers: Sequence[float],
+        group: GroupRange,
+        sub_edges: tuple[float, ...] = (),
+    ) -> list[dict[int, int]]:
+        edges = check_sub_edges(sub_edges)
+        cs = check_multi(columns, centers, "centers")
+        rows = self._rows(columns, group)
+        return [self._log_keys(rows[:, j], c, edges) for j, c in enumerate(cs)]
+
     def clipped_sum(
-        self, columns: Sequence[str], center: np.ndarray, radius: float, group: GroupRange
+        self,
+        columns: Sequence[str],
+        center: np.ndarray,
+        radius: float,
+        group: GroupRange,
+        scales: np.ndarray | None = None,
     ) -> tuple[np.ndarray, int]:
         c = check_clip_args(columns, center, radius)
+        sc = check_scales(scales, len(columns))
         rows = self._rows(columns, group)
         if rows.shape[0] == 0:
             return np.zeros(len(columns)), 0
-        units = quantize_deviations(clip_deviations(rows, c, float(radius)), float(radius))
-        # Python integers: exact, no int64 wrap-around whatever the number of persons
-        total = [sum(int(u) for u in units[:, j].tolist()) for j in range(units.shape[1])]
+        units = quantize_deviations(clip_deviations(rows, c, float(radius), sc), float(radius))
+        # Exact integer sums: |unit| <= 2**QUANT_BITS, so int64 partial sums of at most
+        # 2**(62 - QUANT_BITS) rows cannot wrap; the partial sums are added as Python integers.
+        chunk = 2 ** (62 - QUANT_BITS)
+        total = [0] * units.shape[1]
+        for start in range(0, units.shape[0], chunk):
+            part = np.sum(units[start : start + chunk], axis=0, dtype=np.int64)
+            total = [t + int(p) for t, p in zip(total, part.tolist())]
         return np.array([float(t) for t in total]) * (float(radius) / QUANT_SCALE), int(rows.shape[0])

@@ -17,6 +17,8 @@ from dplib.aggregates import (
     QUANT_SCALE,
     VALUE_BOUND,
     check_clip_args,
+    check_multi,
+    check_scales,
     check_sub_edges,
     histogram_clamp,
 )
@@ -83,15 +85,42 @@ class SparkAggregates:
         rows = self._collect(self._where([column], group).select(b).groupBy("bin").count())
         return {int(r["bin"]): int(r["count"]) for r in rows}
 
-    def log_histogram(
-        self, column: str, center: float, group: GroupRange, sub_edges: tuple[float, ...] = ()
-    ) -> dict[int, int]:
+    def histograms(
+        self,
+        columns: Sequence[str],
+        bin_widths: Sequence[float],
+        offsets: Sequence[float],
+        group: GroupRange,
+    ) -> list[dict[int, int]]:
         from pyspark.sql import functions as F
 
-        edges = check_sub_edges(sub_edges)
-        c = float(np.clip(check_clip_args([column], np.array([center]), 1.0)[0], -VALUE_BOUND, VALUE_BOUND))
+        widths = check_multi(columns, bin_widths, "bin_widths")
+        offs = check_multi(columns, offsets, "offsets")
+        pairs = []
+        for j, (col, w, off) in enumerate(zip(columns, widths, offs)):
+            lo, hi = histogram_clamp(w, off, None)
+            y = F.least(F.greatest(F.col(col), F.lit(lo)), F.lit(hi))
+            b = F.floor((y - F.lit(off)) / F.lit(w)).cast("long")
+            pairs.append(F.struct(F.lit(j).alias("j"), b.alias("bin")))
+        return self._multi(columns, group, pairs)
+
+    def _multi(self, columns: Sequence[str], group: GroupRange, pairs: list) -> list[dict[int, int]]:
+        """One aggregation: explode (column index, bin) pairs and count; O(d x bins) rows back."""
+        from pyspark.sql import functions as F
+
+        df = self._where(columns, group).select(F.explode(F.array(*pairs)).alias("p"))
+        rows = self._collect(df.groupBy(F.col("p.j").alias("j"), F.col("p.bin").alias("bin")).count())
+        out: list[dict[int, int]] = [{} for _ in columns]
+        for r in rows:
+            out[int(r["j"])][int(r["bin"])] = int(r["count"])
+        return out
+
+    @staticmethod
+    def _log_key(column: str, center: float, edges: tuple[float, ...]):
+        from pyspark.sql import functions as F
+
         bound = F.lit(VALUE_BOUND)
-        x = F.least(F.greatest(F.col(column), -bound), bound) - F.lit(c)
+        x = F.least(F.greatest(F.col(column), -bound), bound) - F.lit(float(center))
         a = F.abs(x)
         zero = a < F.lit(2.0**MIN_EXPONENT)
         safe = F.when(zero, F.lit(1.0)).otherwise(a)
@@ -106,24 +135,61 @@ class SparkAggregates:
         n_sub = len(edges) + 1
         sign = F.signum(x).cast("long")
         key = F.when(zero, F.lit(0)).otherwise(sign * (F.lit(1) + (e.cast("long") - F.lit(MIN_EXPONENT)) * F.lit(n_sub) + sub))
-        rows = self._collect(self._where([column], group).select(key.cast("long").alias("bin")).groupBy("bin").count())
+        return key.cast("long")
+
+    def log_histogram(
+        self, column: str, center: float, group: GroupRange, sub_edges: tuple[float, ...] = ()
+    ) -> dict[int, int]:
+        edges = check_sub_edges(sub_edges)
+        c = float(np.clip(check_clip_args([column], np.array([center]), 1.0)[0], -VALUE_BOUND, VALUE_BOUND))
+        key = self._log_key(column, c, edges)
+        rows = self._collect(self._where([column], group).select(key.alias("bin")).groupBy("bin").count())
         return {int(r["bin"]): int(r["count"]) for r in rows}
 
+    def log_histograms(
+        self,
+        columns: Sequence[str],
+        centers: Sequence[float],
+        group: GroupRange,
+        sub_edges: tuple[float, ...] = (),
+    ) -> list[dict[int, int]]:
+        from pyspark.sql import functions as F
+
+        edges = check_sub_edges(sub_edges)
+        cs = [float(np.clip(c, -VALUE_BOUND, VALUE_BOUND)) for c in check_multi(columns, centers, "centers")]
+        pairs = [
+            F.struct(F.lit(j).alias("j"), self._log_key(col, c, edges).alias("bin"))
+            for j, (col, c) in enumerate(zip(columns, cs))
+        ]
+        return self._multi(columns, group, pairs)
+
     def clipped_sum(
-        self, columns: Sequence[str], center: np.ndarray, radius: float, group: GroupRange
+        self,
+        columns: Sequence[str],
+        center: np.ndarray,
+        radius: float,
+        group: GroupRange,
+        scales: np.ndarray | None = None,
     ) -> tuple[np.ndarray, int]:
         from pyspark.sql import functions as F
 
         c = check_clip_args(columns, center, radius)
+        sc = check_scales(scales, len(columns))
         rho = F.lit(float(radius))
         bound = F.lit(VALUE_BOUND)
         diffs = [F.least(F.greatest(F.col(col), -bound), bound) - F.lit(float(cj)) for col, cj in zip(columns, c)]
+        if sc is not None:
+            diffs = [d / F.lit(float(sj)) for d, sj in zip(diffs, sc)]
         if len(columns) == 1:
             devs = [F.least(F.greatest(diffs[0], -rho), rho)]
         else:
             scale = F.greatest(*[F.abs(d) for d in diffs])
             safe = F.when(scale > 0, scale).otherwise(F.lit(1.0))
-            norm = scale * F.sqrt(sum((d / safe) * (d / safe) for d in diffs))
+            qs = [d / safe for d in diffs]
+            acc = qs[0] * qs[0]
+            for q in qs[1:]:  # left to right, as dplib.aggregates.clip_deviations
+                acc = acc + q * q
+            norm = scale * F.sqrt(acc)
             factor = F.when(norm > rho, rho / F.when(norm > 0, norm).otherwise(F.lit(1.0))).otherwise(F.lit(1.0))
             devs = [d * factor for d in diffs]
         # Fixed point, as dplib.aggregates.quantize_deviations: bround = round half to even.

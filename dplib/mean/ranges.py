@@ -134,8 +134,32 @@ def magnitude_range(
     e_min, e_max = exponent_range
     if delta == 0 and not (MIN_EXPONENT < e_min < e_max < 997):
         raise InvalidParameterError(f"exponent_range must satisfy {MIN_EXPONENT} < lo < hi < 997, got {exponent_range!r}")
-    e_base = e_min if delta == 0 else 0
     exact = backend.log_histogram(column, 0.0, group)
+    return magnitude_range_from_counts(exact, epsilon, delta, noise, q, exponent_range, octaves)
+
+
+def magnitude_range_from_counts(
+    exact: dict[int, int],
+    epsilon: float,
+    delta: float,
+    noise: NoiseSource,
+    q: float = 0.9,
+    exponent_range: tuple[int, int] = (-40, 60),
+    octaves: int = 1,
+) -> MagnitudeRange | None:
+    """:func:`magnitude_range` from the exact log-magnitude histogram (centre 0, no sub-edges).
+
+    The caller passes the backend's exact counts (e.g. one column of
+    ``Aggregates.log_histograms``); they are noised here and never returned.
+    """
+    if not (0.5 <= q < 1.0):
+        raise InvalidParameterError(f"q must be in [0.5, 1), got {q!r}")
+    if isinstance(octaves, bool) or not isinstance(octaves, int) or octaves < 1:
+        raise InvalidParameterError(f"octaves must be an integer >= 1, got {octaves!r}")
+    e_min, e_max = exponent_range
+    if delta == 0 and not (MIN_EXPONENT < e_min < e_max < 997):
+        raise InvalidParameterError(f"exponent_range must satisfy {MIN_EXPONENT} < lo < hi < 997, got {exponent_range!r}")
+    e_base = e_min if delta == 0 else 0
     # Merge exponents into buckets of `octaves` octaves (a per-person transform of exact counts,
     # before any noise): fewer, fuller buckets, so the threshold is passed with fewer persons.
     counts: dict[int, int] = {}
@@ -264,8 +288,21 @@ def deviation_profile(
     e_lo = max(int(math.floor(math.log2(low))), MIN_EXPONENT + 1)
     e_hi = min(int(math.ceil(math.log2(high))), 996)
     n_sub = len(QUARTER_OCTAVE) + 1
-    n_inner = (e_hi - e_lo) * n_sub
     counts = backend.log_histogram(column, center, group, QUARTER_OCTAVE)
+    return deviation_profile_from_counts(counts, epsilon, noise, low, high)
+
+
+def deviation_profile_from_counts(
+    counts: dict[int, int], epsilon: float, noise: NoiseSource, low: float, high: float
+) -> DeviationProfile:
+    """:func:`deviation_profile` from the exact log histogram of ``|Y - center|`` with
+    ``QUARTER_OCTAVE`` sub-edges (e.g. one column of ``Aggregates.log_histograms``)."""
+    if not (0 < low < high and math.isfinite(high)):
+        raise InvalidParameterError(f"need 0 < low < high < inf, got {low!r}, {high!r}")
+    e_lo = max(int(math.floor(math.log2(low))), MIN_EXPONENT + 1)
+    e_hi = min(int(math.ceil(math.log2(high))), 996)
+    n_sub = len(QUARTER_OCTAVE) + 1
+    n_inner = (e_hi - e_lo) * n_sub
     dense = np.zeros(n_inner + 2)
     for k, c in counts.items():
         if k == 0:
