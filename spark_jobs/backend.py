@@ -104,11 +104,12 @@ class SparkAggregates:
             pairs.append(F.struct(F.lit(j).alias("j"), b.alias("bin")))
         return self._multi(columns, group, pairs)
 
-    def _multi(self, columns: Sequence[str], group: GroupRange, pairs: list) -> list[dict[int, int]]:
+    def _multi(self, columns: Sequence[str], group: GroupRange, pairs: list, df=None) -> list[dict[int, int]]:
         """One aggregation: explode (column index, bin) pairs and count; O(d x bins) rows back."""
         from pyspark.sql import functions as F
 
-        df = self._where(columns, group).select(F.explode(F.array(*pairs)).alias("p"))
+        df = self._where(columns, group) if df is None else df
+        df = df.select(F.explode(F.array(*pairs)).alias("p"))
         rows = self._collect(df.groupBy(F.col("p.j").alias("j"), F.col("p.bin").alias("bin")).count())
         out: list[dict[int, int]] = [{} for _ in columns]
         for r in rows:
@@ -116,34 +117,60 @@ class SparkAggregates:
         return out
 
     @staticmethod
-    def _log_key(column: str, center: float, edges: tuple[float, ...]):
+    def _log_keys(df, columns: Sequence[str], centers: Sequence[float], edges: tuple[float, ...]):
+        """``df`` projected to one log-magnitude bin column ``_k{j}`` per column (see ``log_histogram``).
+
+        Three projections, so that each generated expression stays small (one nested expression
+        over several columns outgrows Janino's method size and Spark falls back to interpreting
+        it, with a stack trace in the log). ``floor(log2)`` is made exact against powers of two:
+        the float log is off by at most one, corrected down or up, as in the numpy backend.
+        """
         from pyspark.sql import functions as F
 
         bound = F.lit(VALUE_BOUND)
-        x = F.least(F.greatest(F.col(column), -bound), bound) - F.lit(float(center))
-        a = F.abs(x)
-        zero = a < F.lit(2.0**MIN_EXPONENT)
-        safe = F.when(zero, F.lit(1.0)).otherwise(a)
-        e0 = F.floor(F.log2(safe))
-        # exact floor(log2): correct the float log against exact powers of two
-        e1 = F.when(F.pow(F.lit(2.0), e0) > safe, e0 - 1).otherwise(e0)
-        e = F.when(F.pow(F.lit(2.0), e1 + 1) <= safe, e1 + 1).otherwise(e1)
-        frac = safe / F.pow(F.lit(2.0), e)
-        sub = F.lit(0)
-        for edge in edges:
-            sub = sub + F.when(frac >= F.lit(edge), F.lit(1)).otherwise(F.lit(0))
+        first = []
+        for j, (col, c) in enumerate(zip(columns, centers)):
+            x = F.least(F.greatest(F.col(col), -bound), bound) - F.lit(float(c))
+            a = F.abs(x)
+            zero = a < F.lit(2.0**MIN_EXPONENT)
+            first += [
+                F.when(zero, F.lit(1.0)).otherwise(a).alias(f"_s{j}"),
+                zero.alias(f"_z{j}"),
+                F.signum(x).cast("long").alias(f"_g{j}"),
+            ]
+        df = df.select(*first)
+        second = []
+        for j in range(len(columns)):
+            safe = F.col(f"_s{j}")
+            e0 = F.floor(F.log2(safe))
+            adj = (
+                F.when(F.pow(F.lit(2.0), e0) > safe, F.lit(-1))
+                .when(F.pow(F.lit(2.0), e0 + 1) <= safe, F.lit(1))
+                .otherwise(F.lit(0))
+            )
+            second += [safe, F.col(f"_z{j}"), F.col(f"_g{j}"), (e0 + adj).alias(f"_e{j}")]
+        df = df.select(*second)
+        third = []
         n_sub = len(edges) + 1
-        sign = F.signum(x).cast("long")
-        key = F.when(zero, F.lit(0)).otherwise(sign * (F.lit(1) + (e.cast("long") - F.lit(MIN_EXPONENT)) * F.lit(n_sub) + sub))
-        return key.cast("long")
+        for j in range(len(columns)):
+            e = F.col(f"_e{j}")
+            frac = F.col(f"_s{j}") / F.pow(F.lit(2.0), e)
+            sub = F.lit(0)
+            for edge in edges:
+                sub = sub + F.when(frac >= F.lit(edge), F.lit(1)).otherwise(F.lit(0))
+            key = F.when(F.col(f"_z{j}"), F.lit(0)).otherwise(
+                F.col(f"_g{j}") * (F.lit(1) + (e.cast("long") - F.lit(MIN_EXPONENT)) * F.lit(n_sub) + sub)
+            )
+            third.append(key.cast("long").alias(f"_k{j}"))
+        return df.select(*third)
 
     def log_histogram(
         self, column: str, center: float, group: GroupRange, sub_edges: tuple[float, ...] = ()
     ) -> dict[int, int]:
         edges = check_sub_edges(sub_edges)
         c = float(np.clip(check_clip_args([column], np.array([center]), 1.0)[0], -VALUE_BOUND, VALUE_BOUND))
-        key = self._log_key(column, c, edges)
-        rows = self._collect(self._where([column], group).select(key.alias("bin")).groupBy("bin").count())
+        keys = self._log_keys(self._where([column], group), [column], [c], edges)
+        rows = self._collect(keys.groupBy(keys["_k0"].alias("bin")).count())
         return {int(r["bin"]): int(r["count"]) for r in rows}
 
     def log_histograms(
@@ -157,11 +184,9 @@ class SparkAggregates:
 
         edges = check_sub_edges(sub_edges)
         cs = [float(np.clip(c, -VALUE_BOUND, VALUE_BOUND)) for c in check_multi(columns, centers, "centers")]
-        pairs = [
-            F.struct(F.lit(j).alias("j"), self._log_key(col, c, edges).alias("bin"))
-            for j, (col, c) in enumerate(zip(columns, cs))
-        ]
-        return self._multi(columns, group, pairs)
+        keys = self._log_keys(self._where(columns, group), columns, cs, edges)
+        pairs = [F.struct(F.lit(j).alias("j"), F.col(f"_k{j}").alias("bin")) for j in range(len(columns))]
+        return self._multi(columns, group, pairs, df=keys)
 
     def clipped_sum(
         self,

@@ -35,8 +35,16 @@ def _print_release(result) -> None:
           " (add/remove one person)\n")
     for r in result.rows:
         if r.status == "OK":
-            bar = "no error bar" if r.error_bar is None else f"+/- {r.error_bar[0]:.4f} ({int(r.error_level * 100)}% error bar)"
-            print(f"  {r.statistic}: {r.estimate[0]:.4f} {bar}")
+            level = f"({int(r.error_level * 100)}% error bar)"
+            if len(r.estimate) == 1:
+                bar = "no error bar" if r.error_bar is None else f"+/- {r.error_bar[0]:.4f} {level}"
+                print(f"  {r.statistic}: {r.estimate[0]:.4f} {bar}")
+            else:
+                print(f"  {r.statistic}:")
+                for j, (col, est) in enumerate(zip(r.columns, r.estimate)):
+                    bar = "" if r.error_bar is None else f" +/- {r.error_bar[j]:.4f}"
+                    print(f"      {col}: {est:.4f}{bar}")
+                print(f"      {level}")
             print(f"      the bar covers {r.error_covers}")
         else:
             print(f"  {r.statistic}: {r.status}: {r.error_covers.removeprefix('none: ')}")

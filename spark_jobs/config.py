@@ -89,6 +89,12 @@ class MeanOptions(_Frozen):
     with that declared scale (``dplib.mean.univariate``); ``range_bound`` (public R with
     ``|mean| <= R``) is then needed when delta = 0; ``coarse_fraction`` is its coarse share.
     ``k``: moment order, used by both.
+
+    ``kind: multivariate_mean`` (``dplib.mean.multivariate``) takes ``k``, ``scales`` (optional
+    public per-column scales, a diagonal preconditioner; found privately when absent),
+    ``records_iid`` (assert records within a person are i.i.d.: the radii then use
+    ``m = summary.m_min``; default: each person's mean is one item) and ``expected_persons``
+    (optional public number of persons; else a DP count on 2% of the persons).
     """
 
     scale: float | None = None
@@ -96,6 +102,23 @@ class MeanOptions(_Frozen):
     range_bound: float | None = None
     coarse_fraction: float = 0.25
     exponent_range: tuple[int, int] = (-40, 60)
+    scales: tuple[float, ...] | None = None
+    records_iid: bool = False
+    expected_persons: float | None = None
+
+    @field_validator("scales")
+    @classmethod
+    def _scales(cls, v: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if v is not None and (len(v) == 0 or any(not math.isfinite(x) or x <= 0 for x in v)):
+            raise ValueError(f"must be one finite value > 0 per column, in data units (got {list(v)})")
+        return v
+
+    @field_validator("expected_persons")
+    @classmethod
+    def _persons(cls, v: float | None) -> float | None:
+        if v is not None and (not math.isfinite(v) or v < 1):
+            raise ValueError(f"must be a public number of persons >= 1 (got {v!r})")
+        return v
 
     @field_validator("scale")
     @classmethod
@@ -138,7 +161,7 @@ class StatisticConfig(_Frozen):
     composition across statistics, which all read the same persons)."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
-    kind: Literal["mean"]
+    kind: Literal["mean", "multivariate_mean"]
     columns: tuple[str, ...] = Field(min_length=1)
     share: float
     options: MeanOptions = MeanOptions()
@@ -152,11 +175,31 @@ class StatisticConfig(_Frozen):
 
     @model_validator(mode="after")
     def _univariate(self) -> "StatisticConfig":
-        if self.kind == "mean" and len(self.columns) != 1:
-            raise ValueError(
-                f"kind 'mean' takes exactly one column (got {list(self.columns)}); "
-                "list one statistic per column"
-            )
+        o = self.options
+        if self.kind == "mean":
+            if len(self.columns) != 1:
+                raise ValueError(
+                    f"kind 'mean' takes exactly one column (got {list(self.columns)}); "
+                    "list one statistic per column, or use kind 'multivariate_mean'"
+                )
+            for f in ("scales", "expected_persons"):
+                if getattr(o, f) is not None:
+                    raise ValueError(f"options.{f} is for kind 'multivariate_mean' (kind 'mean' takes options.scale)")
+            if o.records_iid:
+                raise ValueError("options.records_iid is for kind 'multivariate_mean'")
+        else:
+            if len(set(self.columns)) != len(self.columns):
+                raise ValueError(f"columns must be distinct (got {list(self.columns)})")
+            for f in ("scale", "range_bound"):
+                if getattr(o, f) is not None:
+                    raise ValueError(
+                        f"options.{f} is for kind 'mean'; kind 'multivariate_mean' takes options.scales "
+                        "(one per column) and needs delta > 0"
+                    )
+            if o.scales is not None and len(o.scales) != len(self.columns):
+                raise ValueError(
+                    f"options.scales must hold one value per column ({len(self.columns)}), got {len(o.scales)}"
+                )
         return self
 
 
@@ -239,6 +282,10 @@ class JobConfig(_Frozen):
             raise ValueError(
                 "ledger.population is required: name the persons behind this source (e.g. "
                 "'web-users'), the same in every job that reads them, or set ledger.enabled: false"
+            )
+        if self.budget.delta == 0 and any(s.kind == "multivariate_mean" for s in self.statistics):
+            raise ValueError(
+                "budget.delta must be > 0 for kind 'multivariate_mean' (an approximate-DP estimator)"
             )
         names = [s.name for s in self.statistics]
         dup = sorted({n for n in names if names.count(n) > 1})

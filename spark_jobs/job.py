@@ -25,11 +25,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Union
 
+import numpy as np
+
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.groups import new_salt
 from dplib.mean.scale_free import ALGORITHM as SF_ALGORITHM
 from dplib.mean.scale_free import ALGORITHM_VERSION as SF_VERSION
 from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
+from dplib.mean.multivariate import ALGORITHM as MV_ALGORITHM
+from dplib.mean.multivariate import ALGORITHM_VERSION as MV_VERSION
+from dplib.mean.multivariate import MultivariateMeanPlan, multivariate_person_mean
 from dplib.mean.univariate import ALGORITHM, ALGORITHM_VERSION, UnivariateMeanPlan, univariate_person_mean
 from dplib.mechanisms import NoiseSource, production_noise
 from spark_jobs import __version__
@@ -48,7 +53,20 @@ def sio_absolute(path: str) -> str:
 ESTIMAND_MEAN = "mean over persons of each person's mean of {col} (persons weighted equally)"
 
 
-MeanPlan = Union[UnivariateMeanPlan, ScaleFreeMeanPlan]
+ESTIMAND_VECTOR = (
+    "mean over persons of each person's mean vector of ({cols}) (persons weighted equally; "
+    "persons without a value of every column left out)"
+)
+UNEQUAL_RECORDS_IID = (
+    "records within a person asserted i.i.d.: radii use m = summary.m_min (public); persons with more "
+    "records are averaged over all of them and still weighted equally"
+)
+UNEQUAL_RECORDS_SUMMARY = (
+    "summary mode: each person's mean is one item (m = 1 in every formula), whatever the person's "
+    "number of records"
+)
+
+MeanPlan = Union[UnivariateMeanPlan, ScaleFreeMeanPlan, MultivariateMeanPlan]
 
 
 def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
@@ -56,6 +74,17 @@ def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
     the config declares a scale."""
     total = Budget(cfg.budget.epsilon, cfg.budget.delta)
     opts = stat.options
+    if stat.kind == "multivariate_mean":
+        return MultivariateMeanPlan(
+            budget=total.scaled(stat.share),
+            d=len(stat.columns),
+            k=opts.k,
+            mode="iid" if opts.records_iid else "summary",
+            m=cfg.summary.m_min if opts.records_iid else 1,
+            scales=opts.scales,
+            expected_persons=opts.expected_persons,
+            budget_mode=cfg.budget.budget_mode,
+        )
     if opts.scale is None:
         return ScaleFreeMeanPlan(
             budget=total.scaled(stat.share),
@@ -74,8 +103,12 @@ def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
     )
 
 
-def run_statistic(backend, column: str, plan: MeanPlan, noise: NoiseSource, accountant: Accountant, prefix: str):
-    """Run the estimator a plan belongs to; returns ``(MeanRelease, algorithm, algorithm_version)``."""
+def run_statistic(backend, columns, plan: MeanPlan, noise: NoiseSource, accountant: Accountant, prefix: str):
+    """Run the estimator a plan belongs to; returns ``(release, algorithm, algorithm_version)``."""
+    if isinstance(plan, MultivariateMeanPlan):
+        rel = multivariate_person_mean(backend, list(columns), plan, noise, accountant, prefix)
+        return rel, MV_ALGORITHM, MV_VERSION
+    column = columns[0]
     if isinstance(plan, ScaleFreeMeanPlan):
         rel = scale_free_person_mean(backend, column, plan, noise, accountant, prefix)
         return rel, SF_ALGORITHM, SF_VERSION
@@ -111,7 +144,13 @@ class JobPlan:
                 f"  - {c.stage:<48} persons {str(c.group):<12} epsilon={c.budget.epsilon:.4g} delta={c.budget.delta:.3g}"
             )
         for name, p in self.plans.items():
-            if isinstance(p, UnivariateMeanPlan):
+            if isinstance(p, MultivariateMeanPlan):
+                how = "declared scales" if p.scales is not None else "scales found privately"
+                lines.append(
+                    f"  {name}: multivariate mean, d={p.d}, {how}, mode={p.mode} (m={p.m_model}), k={p.k:g}; "
+                    f"TCN threads planned after the coarse stage from public/DP inputs"
+                )
+            elif isinstance(p, UnivariateMeanPlan):
                 lines.append(
                     f"  {name}: declared scale {p.scale:g}: bin width r={p.bin_width:.4g}, "
                     f"coarse error bound u={p.coarse_error_bound:.4g}, k={p.k:g}"
@@ -303,8 +342,12 @@ def run_job(
             t1 = time.monotonic()
             plan = job_plan.plans[stat.name]
             rel, algorithm, algorithm_version = run_statistic(
-                backend, stat.columns[0], plan, noise, accountant, f"{stat.name}: "
+                backend, stat.columns, plan, noise, accountant, f"{stat.name}: "
             )
+            vector = isinstance(plan, MultivariateMeanPlan)
+            extra = {"m_min": cfg.summary.m_min}
+            if vector:
+                extra["unequal_records"] = UNEQUAL_RECORDS_IID if plan.mode == "iid" else UNEQUAL_RECORDS_SUMMARY
             log.info("statistic %s: %s", stat.name, rel.status)
             log.debug("statistic %s took %.1fs", stat.name, time.monotonic() - t1)
             rows.append(
@@ -320,21 +363,27 @@ def run_job(
                     statistic=stat.name,
                     kind=stat.kind,
                     columns=list(stat.columns),
-                    estimand=ESTIMAND_MEAN.format(col=stat.columns[0]),
+                    estimand=(
+                        ESTIMAND_VECTOR.format(cols=", ".join(stat.columns))
+                        if vector
+                        else ESTIMAND_MEAN.format(col=stat.columns[0])
+                    ),
                     algorithm=algorithm,
                     algorithm_version=algorithm_version,
                     status=rel.status,
-                    estimate=None if rel.estimate is None else [rel.estimate],
-                    estimate_shape=[1],
+                    estimate=None if rel.estimate is None else [float(x) for x in np.atleast_1d(rel.estimate)],
+                    estimate_shape=[len(stat.columns)],
                     epsilon=rel.epsilon,
                     delta=rel.delta,
                     neighbouring="add/remove all records of one person",
-                    noise_scale=rel.noise_scale,
+                    # vectors: the largest per-coordinate noise sd (all in parameters.noise_sd)
+                    noise_scale=None if rel.noise_scale is None else float(np.max(rel.noise_scale)),
                     noise_source=noise.name,
-                    error_bar=None if rel.error_bar is None else [rel.error_bar],  # None: no honest bar
+                    # None: no honest bar
+                    error_bar=None if rel.error_bar is None else [float(x) for x in np.atleast_1d(rel.error_bar)],
                     error_level=rel.error_level,
                     error_covers=rel.error_covers,
-                    parameters=to_json({**rel.parameters, "m_min": cfg.summary.m_min}),
+                    parameters=to_json({**rel.parameters, **extra}),
                     config_hash=cfg.config_hash(),
                     code_version=__version__,
                     created_at=created,

@@ -109,6 +109,16 @@ def budget_rows(ledger_path: str) -> tuple[list[dict], list[dict]]:
     return pops, entries
 
 
+def _section(r: dict, png: Path) -> str:
+    return (
+        f"<section><h2>{html.escape(r['statistic'])}</h2><img src='{png.name}' alt='{html.escape(r['statistic'])}'>"
+        f"<p><b>{html.escape(r['status'])}</b> &middot; estimand: {html.escape(r['estimand'])}</p>"
+        f"<p>privacy: &epsilon;={r['epsilon']:.4g}, &delta;={r['delta']:.3g} per {html.escape(r['privacy_unit'])} "
+        f"({html.escape(r['neighbouring'])}); algorithm {html.escape(r['algorithm'])} v{html.escape(r['algorithm_version'])}</p>"
+        f"<p>the error bar covers {html.escape(r['error_covers'])}</p></section>"
+    )
+
+
 def write_report(table: str, out_dir: str, run_id: str | None = None) -> Path:
     """A small HTML report: one PNG per released statistic (estimate with its error bar) of the
     newest run (or of ``run_id``), with the privacy metadata beside it. Returns the HTML path."""
@@ -128,6 +138,21 @@ def write_report(table: str, out_dir: str, run_id: str | None = None) -> Path:
     for r in sorted(rows, key=lambda r: r["statistic"]):
         png = out / f"{r['statistic']}.png"
         fig, ax = plt.subplots(figsize=(5.5, 1.8))
+        if r["status"] == "OK" and r["estimate"] and len(r["estimate"]) > 1:
+            # a vector: one row per coordinate, each with its own bar
+            plt.close(fig)
+            fig, ax = plt.subplots(figsize=(5.5, 0.6 + 0.5 * len(r["estimate"])))
+            ys = list(range(len(r["estimate"])))
+            bars = r["error_bar"] or [0.0] * len(ys)
+            ax.errorbar(r["estimate"], ys, xerr=[bars, bars], fmt="o", capsize=6, color="#1f5fa8")
+            ax.set_yticks(ys, [f"{c}: {e:.4g}" for c, e in zip(r["columns"], r["estimate"])])
+            ax.set_title(f"{r['statistic']} ({int(r['error_level'] * 100)}% bars)", fontsize=10)
+            ax.set_xlabel("data units")
+            fig.tight_layout()
+            fig.savefig(png, dpi=110)
+            plt.close(fig)
+            parts.append(_section(r, png))
+            continue
         if r["status"] == "OK" and r["estimate"]:
             est = r["estimate"][0]
             bar = r["error_bar"][0] if r["error_bar"] else None
@@ -146,13 +171,7 @@ def write_report(table: str, out_dir: str, run_id: str | None = None) -> Path:
         fig.tight_layout()
         fig.savefig(png, dpi=110)
         plt.close(fig)
-        parts.append(
-            f"<section><h2>{html.escape(r['statistic'])}</h2><img src='{png.name}' alt='{html.escape(r['statistic'])}'>"
-            f"<p><b>{html.escape(r['status'])}</b> &middot; estimand: {html.escape(r['estimand'])}</p>"
-            f"<p>privacy: &epsilon;={r['epsilon']:.4g}, &delta;={r['delta']:.3g} per {html.escape(r['privacy_unit'])} "
-            f"({html.escape(r['neighbouring'])}); algorithm {html.escape(r['algorithm'])} v{html.escape(r['algorithm_version'])}</p>"
-            f"<p>the error bar covers {html.escape(r['error_covers'])}</p></section>"
-        )
+        parts.append(_section(r, png))
     page = out / "report.html"
     page.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>Release report</title>"
