@@ -30,6 +30,7 @@ Conventions (all documented where they are used):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -453,6 +454,17 @@ def exponential_mechanism_probabilities(scores, epsilon: float, sensitivity: flo
     return w / w.sum()
 
 
+@functools.lru_cache(maxsize=32)
+def _opendp_gumbel_max(integral: bool, scale: float):
+    """OpenDP report-noisy-max with Gumbel noise of ``scale`` (built once per (type, scale))."""
+    import opendp.prelude as dp
+
+    dp.enable_features("contrib")
+    T = "i64" if integral else float
+    space = dp.vector_domain(dp.atom_domain(T=T)), dp.linf_distance(T=T)
+    return dp.m.make_noisy_max(*space, dp.zero_concentrated_divergence(), scale=scale)
+
+
 def sample_exponential_mechanism(scores, epsilon: float, noise, sensitivity: float = 1.0) -> int:
     """Draw an index with probability ``prop. exp(epsilon * S / (2 Delta))`` (Gumbel-max).
 
@@ -493,13 +505,8 @@ def sample_exponential_mechanism(scores, epsilon: float, noise, sensitivity: flo
     eps = check_positive(epsilon, "epsilon")
     delta_s = check_positive(sensitivity, "sensitivity")
     if getattr(noise, "secure", False):
-        import opendp.prelude as dp
-
-        dp.enable_features("contrib")
-        integral = np.all(s == np.rint(s)) and np.all(np.abs(s) < 2**62) and delta_s == int(delta_s)
-        T = "i64" if integral else float
-        space = dp.vector_domain(dp.atom_domain(T=T)), dp.linf_distance(T=T)
-        meas = dp.m.make_noisy_max(*space, dp.zero_concentrated_divergence(), scale=2.0 * delta_s / eps)
+        integral = bool(np.all(s == np.rint(s)) and np.all(np.abs(s) < 2**62) and delta_s == int(delta_s))
+        meas = _opendp_gumbel_max(integral, 2.0 * delta_s / eps)
         d_in = int(delta_s) if integral else float(delta_s)
         if not meas.map(d_in) <= eps * eps / 8.0 * (1.0 + 1e-9):
             raise InvalidParameterError("OpenDP noisy-max calibration check failed")  # pragma: no cover
