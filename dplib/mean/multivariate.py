@@ -78,6 +78,9 @@ BINS_PER_RANGE = 2
 SCALE_QUANTILE = 0.9
 #: Fraction of persons the private coordinate range must hold.
 RANGE_QUANTILE = 0.9
+#: Octaves per bucket of the coordinate-range histogram (fuller buckets pass the threshold with
+#: fewer persons; the coarse range only seeds the TCN, which contracts it).
+RANGE_OCTAVES = 1
 #: Deviation profile span around the coarse bin width.
 PROFILE_OCTAVES_BELOW = 12
 PROFILE_OCTAVES_ABOVE = 6
@@ -715,7 +718,9 @@ def multivariate_person_mean(
         b = budgets[STAGE_RANGES]
         eps_j, delta_j = coordinate_budget(b.epsilon, b.delta, d)
         exact_logs = backend.log_histograms(columns, [0.0] * d, groups[STAGE_RANGES])
-        ranges = [magnitude_range_from_counts(h, eps_j, delta_j, noise, RANGE_QUANTILE) for h in exact_logs]
+        ranges = [
+            magnitude_range_from_counts(h, eps_j, delta_j, noise, RANGE_QUANTILE, octaves=RANGE_OCTAVES) for h in exact_logs
+        ]
         del exact_logs
         if any(r is None for r in ranges):
             return insufficient(
