@@ -241,7 +241,9 @@ def clip_deviations(
     """
     diff = np.clip(values, -VALUE_BOUND, VALUE_BOUND) - center[None, :]
     if scales is not None:
-        diff = diff / scales[None, :]
+        # clamped again: a tiny scale must not overflow the scaled deviation to inf (an inf
+        # coordinate would escape the clip and break the sensitivity bound)
+        diff = np.clip(diff / scales[None, :], -VALUE_BOUND, VALUE_BOUND)
     if values.shape[1] == 1:
         return np.minimum(np.maximum(diff, -radius), radius)
     # Scaled norm: ||x|| = s * ||x / s|| with s = max |x_j|, so 1e200-sized values do not overflow.
@@ -296,6 +298,11 @@ class NumpyAggregates:
     ) -> "NumpyAggregates":
         """Build from person ids, hashed with ``salt_hex`` exactly as the Spark backend does."""
         return cls(values, group_index(person_ids, salt_hex))
+
+    def check_columns(self, columns: Sequence[str]) -> None:
+        """Raise InvalidParameterError naming any column the summaries do not hold (reads no data)."""
+        for c in columns:
+            self._column(c)
 
     def _column(self, name: str) -> np.ndarray:
         try:

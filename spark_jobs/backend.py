@@ -50,6 +50,14 @@ class SparkAggregates:
         self.calls += 1
         return rows
 
+    def check_columns(self, columns: Sequence[str]) -> None:
+        """Raise InvalidParameterError naming any column the summaries do not hold (no Spark job)."""
+        from dplib.errors import InvalidParameterError
+
+        for c in columns:
+            if c not in self._df.columns:
+                raise InvalidParameterError(f"unknown column {c!r}; the summaries hold {self._df.columns}")
+
     def _where(self, columns: Sequence[str], group: GroupRange):
         from pyspark.sql import functions as F
 
@@ -60,7 +68,7 @@ class SparkAggregates:
                 from dplib.errors import InvalidParameterError
 
                 raise InvalidParameterError(f"unknown column {c!r}; the summaries hold {self._df.columns}")
-            cond = cond & F.col(c).isNotNull()
+            cond = cond & F.col(c).isNotNull() & ~F.isnan(F.col(c))  # NaN = missing, as in numpy
         return self._df.where(cond)
 
     def count(self, columns: Sequence[str], group: GroupRange) -> int:
@@ -202,26 +210,35 @@ class SparkAggregates:
         sc = check_scales(scales, len(columns))
         rho = F.lit(float(radius))
         bound = F.lit(VALUE_BOUND)
+        # Staged projections (deviations, then the clip factor, then fixed-point units), so that
+        # each generated expression stays small for large d; the arithmetic is operation for
+        # operation that of dplib.aggregates.clip_deviations.
         diffs = [F.least(F.greatest(F.col(col), -bound), bound) - F.lit(float(cj)) for col, cj in zip(columns, c)]
         if sc is not None:
-            diffs = [d / F.lit(float(sj)) for d, sj in zip(diffs, sc)]
+            # clamped again, as dplib.aggregates.clip_deviations: no overflow to inf
+            diffs = [F.least(F.greatest(d / F.lit(float(sj)), -bound), bound) for d, sj in zip(diffs, sc)]
+        df = self._where(columns, group).select(*[d.alias(f"_d{j}") for j, d in enumerate(diffs)])
+        dcols = [F.col(f"_d{j}") for j in range(len(columns))]
         if len(columns) == 1:
-            devs = [F.least(F.greatest(diffs[0], -rho), rho)]
+            devs = [F.least(F.greatest(dcols[0], -rho), rho)]
         else:
-            scale = F.greatest(*[F.abs(d) for d in diffs])
+            df = df.select(*dcols, F.greatest(*[F.abs(d) for d in dcols]).alias("_scale"))
+            scale = F.col("_scale")
             safe = F.when(scale > 0, scale).otherwise(F.lit(1.0))
-            qs = [d / safe for d in diffs]
+            qs = [d / safe for d in dcols]
             acc = qs[0] * qs[0]
             for q in qs[1:]:  # left to right, as dplib.aggregates.clip_deviations
                 acc = acc + q * q
-            norm = scale * F.sqrt(acc)
+            df = df.select(*dcols, (scale * F.sqrt(acc)).alias("_norm"))
+            norm = F.col("_norm")
             factor = F.when(norm > rho, rho / F.when(norm > 0, norm).otherwise(F.lit(1.0))).otherwise(F.lit(1.0))
-            devs = [d * factor for d in diffs]
+            df = df.select(*dcols, factor.alias("_factor"))
+            devs = [d * F.col("_factor") for d in dcols]
         # Fixed point, as dplib.aggregates.quantize_deviations: bround = round half to even.
         units = [F.bround(d / rho * F.lit(QUANT_SCALE), 0).cast("long") for d in devs]
         # decimal(38,0): no int64 overflow (an ANSI overflow error would be a data-dependent crash)
         aggs = [F.sum(u.cast("decimal(38,0)")).alias(f"s{j}") for j, u in enumerate(units)] + [F.count(F.lit(1)).alias("n")]
-        row = self._collect(self._where(columns, group).agg(*aggs))[0]
+        row = self._collect(df.agg(*aggs))[0]
         n = int(row["n"])
         if n == 0:
             return np.zeros(len(columns)), 0

@@ -21,10 +21,11 @@ person count           Laplace count (only without a public ``expected_persons``
 coordinate ranges      per coordinate, thresholded histogram of signed binary magnitudes -> [L, U]
                        (only without declared scales)
 coarse estimate        per coordinate, thresholded histogram (RangeEstimator, approximate DP) of
-                       bin width ``c_r s_j / sqrt(m)`` (declared) or ``(U - L) / 8`` -> u0
-coordinate scales      per coordinate, Laplace histogram of ``|Y_j - u0_j|`` on quarter octaves
+                       bin width ``c_r s_j / sqrt(m)`` (declared) or ``(U - L) / 2`` -> u0
+TCN layer t, t=1..T    Gaussian on (sum of l2-clipped deviations around u_{t-1}, w n); without
+                       declared scales the coarse bin widths are the (rough) scales
+coordinate scales      per coordinate, Laplace histogram of ``|Y_j - u_T,j|`` on quarter octaves
                        -> s_j = its DP 0.9-quantile (only without declared scales)
-TCN layer t, t=1..T    Gaussian on (sum of l2-clipped deviations around u_{t-1}, w n)
 final clip-and-noise   Gaussian on (sum of l2-clipped deviations around u_T, w n) -> estimate
 =====================  ==========================================================================
 
@@ -46,19 +47,20 @@ from typing import Literal, Sequence
 import numpy as np
 from scipy.stats import chi2
 
-from dplib.aggregates import Aggregates, clipped_sum_l2_sensitivity
+from dplib.aggregates import MIN_EXPONENT, Aggregates, clipped_sum_l2_sensitivity
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.params import bin_width_constant, check_moment_order, check_records_per_person
 from dplib.mean.ranges import (
+    FLOOR_BETA,
     QUARTER_OCTAVE,
     deviation_profile_from_counts,
     magnitude_range_from_counts,
-    profile_quantile,
+    guarded_quantile,
 )
 from dplib.mechanisms import NoiseSource, clamp_exact, gaussian_mechanism, gaussian_sigma, inflate, laplace_mechanism
-from dplib.mechanisms.histograms import thresholded_histogram
+from dplib.mechanisms.histograms import pure_dp_histogram, thresholded_histogram
 
 ALGORITHM = "agarwal2024-multivariate-person-mean"
 ALGORITHM_VERSION = "1"
@@ -74,16 +76,17 @@ C_BIAS = 1.0
 C_FLOOR = 1.5
 #: Bins of the coarse histogram per private range width (private-scale path).
 BINS_PER_RANGE = 2
-#: Quantile of |Y_j - u0_j| taken as the scale s_j (private-scale path).
-SCALE_QUANTILE = 0.9
+#: The scale s_j is half the DP interquartile range of Y_j around the TCN centre times this factor,
+#: so that it equals the 0.9-quantile of |Y_j - mu_j| for normal person means.
+IQR_TO_SCALE = 1.6448536269514722 / 0.6744897501960817
 #: Fraction of persons the private coordinate range must hold.
 RANGE_QUANTILE = 0.9
 #: Octaves per bucket of the coordinate-range histogram (fuller buckets pass the threshold with
 #: fewer persons; the coarse range only seeds the TCN, which contracts it).
 RANGE_OCTAVES = 1
 #: Deviation profile span around the coarse bin width.
-PROFILE_OCTAVES_BELOW = 12
-PROFILE_OCTAVES_ABOVE = 6
+PROFILE_OCTAVES_BELOW = 8
+PROFILE_OCTAVES_ABOVE = 4
 
 STAGE_COUNT = "person count"
 STAGE_RANGES = "coordinate ranges"
@@ -118,14 +121,22 @@ def coordinate_budget(epsilon: float, delta: float, d: int) -> tuple[float, floa
     from dp_accounting.pld import accountant, common
 
     per_delta = b.delta / (2 * d)
-    eps_adv = accountant.get_smallest_epsilon_from_advanced_composition(
-        common.DifferentialPrivacyParameters(b.epsilon, b.delta), d, delta=per_delta
-    )
+    try:
+        eps_adv = accountant.get_smallest_epsilon_from_advanced_composition(
+            common.DifferentialPrivacyParameters(b.epsilon, b.delta), d, delta=per_delta
+        )
+    except (OverflowError, ValueError):
+        # dp_accounting's KOV sum overflows for large d (e.g. (1 + e^eps)^d): basic composition,
+        # valid and conservative
+        return basic
     if eps_adv is None or eps_adv <= basic[0]:
         return basic
     # check the composed guarantee (round toward a smaller per-step epsilon if the search overshot)
     for _ in range(100):
-        total = accountant.advanced_composition(common.DifferentialPrivacyParameters(eps_adv, per_delta), d, b.delta)
+        try:
+            total = accountant.advanced_composition(common.DifferentialPrivacyParameters(eps_adv, per_delta), d, b.delta)
+        except (OverflowError, ValueError):
+            return basic
         if total is not None and total <= b.epsilon:
             return (float(eps_adv), per_delta) if eps_adv > basic[0] else basic
         eps_adv *= 1.0 - 1e-6
@@ -581,6 +592,83 @@ def coarse_estimate(
     return u0, float(np.median(totals))
 
 
+
+@dataclass(frozen=True)
+class SignedProfile:
+    """Noisy histogram of ``x = Y_j - center`` on signed quarter-octave bins (DP or public)."""
+
+    lower: np.ndarray  # real-line lower edge of each bin, ascending
+    upper: np.ndarray
+    weights: np.ndarray  # noisy counts, zeroed below the noise floor
+
+    def quantile(self, q: float) -> tuple[float, float]:
+        """``[lo, hi]`` edges of the bin where the noisy CDF first reaches ``q`` (post-processing)."""
+        total = float(np.sum(self.weights))
+        if total <= 0:
+            return float(self.lower[0]), float(self.upper[-1])
+        cdf = np.cumsum(self.weights) / total
+        i = int(min(np.searchsorted(cdf, q, side="left"), len(cdf) - 1))
+        return float(self.lower[i]), float(self.upper[i])
+
+
+#: Sub-octave edges of the signed scale profile: half octaves (fuller bins than quarter octaves, so
+#: fewer are lost under the noise floor; the scale is resolved to a factor sqrt(2)).
+HALF_OCTAVE = (2.0**0.5,)
+
+
+def signed_profile(
+    counts: dict[int, int],
+    epsilon: float,
+    noise: NoiseSource,
+    low: float,
+    high: float,
+    sub_edges=HALF_OCTAVE,
+    floor_beta: float = FLOOR_BETA,
+) -> SignedProfile:
+    """Laplace(1/epsilon) on every signed quarter-octave bin of ``x = Y_j - center`` from ``low``
+    to ``high`` (public; rounded out to powers of two), with one centre bin ``|x| < low`` and one
+    overflow bin per side (per-person transforms of the exact counts of
+    ``Aggregates.log_histograms(..., sub_edges)``).
+
+    Privacy
+    -------
+    epsilon-DP under add/remove: a fixed public bin set, each person in exactly one bin.
+    """
+    if not (0 < low < high and math.isfinite(high)):
+        raise InvalidParameterError(f"need 0 < low < high < inf, got {low!r}, {high!r}")
+    e_lo = max(int(math.floor(math.log2(low))), MIN_EXPONENT + 1)
+    e_hi = min(int(math.ceil(math.log2(high))), 996)
+    n_sub = len(sub_edges) + 1
+    n_inner = (e_hi - e_lo) * n_sub
+    mags = [math.ldexp(edge, e) for e in range(e_lo, e_hi) for edge in (1.0,) + tuple(sub_edges)]
+    mags.append(math.ldexp(1.0, e_hi))  # n_inner + 1 magnitude edges
+    # bins along the line: [-inf, -top), negative inner (descending magnitude), centre, positive
+    # inner (ascending), [top, inf)
+    dense = np.zeros(2 * n_inner + 3)
+    centre = n_inner + 1
+    for key, c in counts.items():
+        if key == 0:
+            dense[centre] += c
+            continue
+        idx = abs(key) - 1
+        e = MIN_EXPONENT + idx // n_sub
+        pos = (e - e_lo) * n_sub + idx % n_sub  # inner index by magnitude; < 0 below low
+        if pos < 0:
+            dense[centre] += c
+        elif pos >= n_inner:
+            dense[0 if key < 0 else 2 * n_inner + 2] += c
+        else:
+            dense[centre - 1 - pos if key < 0 else centre + 1 + pos] += c
+    noisy, scale = pure_dp_histogram(dense, epsilon, noise)
+    # noise floor: with probability 1 - floor_beta no empty bin's noise exceeds it
+    floor = scale * math.log(len(dense) / floor_beta)
+    top = mags[-1]
+    neg_lo = [-mags[i + 1] for i in reversed(range(n_inner))]
+    neg_hi = [-mags[i] for i in reversed(range(n_inner))]
+    lower = np.array([-2.0 * top] + neg_lo + [-mags[0]] + mags[:-1] + [top])
+    upper = np.array([-top] + neg_hi + [mags[0]] + mags[1:] + [2.0 * top])
+    return SignedProfile(lower, upper, np.where(noisy > floor, noisy, 0.0))
+
 # ---------------------------------------------------------------------------------------------
 # The estimator
 # ---------------------------------------------------------------------------------------------
@@ -666,6 +754,9 @@ def multivariate_person_mean(
         raise InvalidParameterError(f"the plan is for d={plan.d} columns, got {len(columns)}: {columns}")
     if len(set(columns)) != len(columns):
         raise InvalidParameterError(f"columns must be distinct, got {columns}")
+    check = getattr(backend, "check_columns", None)
+    if check is not None:
+        check(columns)  # an unknown column is refused before anything is charged
     accountant = accountant if accountant is not None else Accountant(plan.budget)
     charges = {c.stage[len(stage_prefix):]: c for c in plan.charges(stage_prefix)}
     accountant.check(list(charges.values()))
@@ -768,18 +859,29 @@ def multivariate_person_mean(
         charge(STAGE_SCALES)
         b = budgets[STAGE_SCALES]
         eps_j, _ = coordinate_budget(b.epsilon, b.delta, d)
-        exact_dev = backend.log_histograms(columns, list(center), groups[STAGE_SCALES], QUARTER_OCTAVE)
-        sc = []
+        exact_dev = backend.log_histograms(columns, list(center), groups[STAGE_SCALES], HALF_OCTAVE)
+        sc, offsets = [], []
         for h, w in zip(exact_dev, widths):
-            profile = deviation_profile_from_counts(
-                h, eps_j, noise, w * 2.0**-PROFILE_OCTAVES_BELOW, w * BINS_PER_RANGE * 2.0**PROFILE_OCTAVES_ABOVE
+            profile = signed_profile(
+                h, eps_j, noise, w * 2.0**-PROFILE_OCTAVES_BELOW, w * 2.0**PROFILE_OCTAVES_ABOVE
             )
-            sc.append(profile_quantile(profile, SCALE_QUANTILE))
+            # the interquartile range, robust to an offset of the TCN centre and to a noise spike
+            # in a far bin; scaled to the 0.9-quantile of |Y - mu| of a normal (1.645 / 0.6745)
+            lo, _ = profile.quantile(0.25)
+            _, hi = profile.quantile(0.75)
+            sc.append(max(hi - lo, 0.0) / 2.0 * IQR_TO_SCALE)
+            # the bin holding the median of Y_j - u_T,j bounds the centre's offset (up to the
+            # mean-median gap, at most one standard deviation)
+            lo_m, hi_m = profile.quantile(0.5)
+            offsets.append(max(abs(lo_m), abs(hi_m)))
         del exact_dev
         # the profile's resolution is its lowest edge: a constant coordinate gets that scale
         refined = np.maximum(np.array(sc), widths * 2.0**-PROFILE_OCTAVES_BELOW) * sqrt_m
-        # the TCN's bound r_T is in rough units: convert it conservatively, then re-balance
-        r_T = schedule.bounds[-1] * float(np.max(scales / refined))
+        # A-priori bound on the TCN centre's error in the refined units, read off the same DP
+        # profiles: the median's bin edge plus one standard deviation (sd = scale / 1.645 for
+        # normal person means) per coordinate. Post-processing of DP outputs.
+        person_scale = refined / sqrt_m
+        r_T = float(np.linalg.norm(np.array(offsets) / person_scale / sqrt_m + 1.0 / 1.6448536269514722 / sqrt_m))
         final = ErrorModel(persons(STAGE_FINAL), d, m, k, budgets[STAGE_FINAL].epsilon, budgets[STAGE_FINAL].delta, 1)
         rho_star = final.balanced_radius(r_T, floor_radius(d, m))
         model_bound = final.bound(rho_star, r_T)
@@ -789,7 +891,6 @@ def multivariate_person_mean(
 
     # 5. final clip-and-noise
     charge(STAGE_FINAL)
-    rho_star = schedule.final_radius
     fin = clip_and_noise(backend, columns, center, rho_star, scales, groups[STAGE_FINAL], budgets[STAGE_FINAL], noise)
     noise_sd = fin.sigma / fin.denom * scales  # data units, per coordinate
     z = float(np.sqrt(chi2.ppf(ERROR_LEVEL, df=1)))

@@ -454,10 +454,15 @@ def choose_radius(profile: "DeviationProfile", n_eps: float, k: float = 4.0, q: 
     Post-processing only.
     """
     factor = 2.0 if math.isinf(k) else max(2.0, max(n_eps, 1.0) ** (1.0 / k))
+    return guarded_quantile(profile, q) * factor
+
+
+def guarded_quantile(profile: "DeviationProfile", q: float) -> float:
+    """:func:`profile_quantile`, guarded against a quantile pushed out by noise in far, empty bins:
+    no further than VISIBLE_REACH times the top of the highest bin whose noisy count clears the
+    noise floor. Post-processing only."""
     quantile = profile_quantile(profile, q)
-    # Guard against a quantile pushed out by noise in far, empty bins: no further than
-    # VISIBLE_REACH times the top of the highest bin whose noisy count clears the noise floor.
     visible = np.nonzero(profile.weights[:-1] > 0)[0]
     if visible.size:
         quantile = min(quantile, VISIBLE_REACH * float(profile.edges[visible[-1] + 1]))
-    return quantile * factor
+    return quantile
