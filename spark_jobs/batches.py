@@ -72,8 +72,17 @@ def _keyed_records(df, unit_column, category_column, categories, salt_hex, label
     )
     k1 = F.conv(F.substring(key, 1, KEY_HEX_DIGITS), 16, 10).cast("long")
     k2 = F.conv(F.substring(key, KEY_HEX_DIGITS + 1, KEY_HEX_DIGITS), 16, 10).cast("long")
+    return numbered.select("_pid", "_cat", k1.alias("_k1"), k2.alias("_k2"))
+
+
+def _with_group(per_person, salt_hex):
+    """Add ``_group`` (as :func:`spark_jobs.summarize.summarize`) once per person row."""
+    from pyspark.sql import functions as F
+
+    salt_df = per_person.sparkSession.createDataFrame([(salt_hex,)], "_salt string")
+    out = per_person.crossJoin(F.broadcast(salt_df))
     group = F.conv(F.substring(F.sha2(F.concat(F.col("_salt"), F.col("_pid")), 256), 1, 8), 16, 10).cast("long")
-    return numbered.select("_pid", "_cat", k1.alias("_k1"), k2.alias("_k2"), group.alias("_group"))
+    return out.withColumn("_group", group)
 
 
 def person_batches(
@@ -125,11 +134,8 @@ def person_batches(
     k = len(check_categories(categories)) + 1
     rec = _keyed_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values)
     if plan == "collect":
-        per = rec.groupBy("_pid").agg(
-            F.first("_group").alias("_group"),
-            F.collect_list(F.struct("_k1", "_k2", "_cat")).alias("_recs"),
-        )
-        per = per.where(F.size("_recs") >= m)
+        per = rec.groupBy("_pid").agg(F.collect_list(F.struct("_k1", "_k2", "_cat")).alias("_recs"))
+        per = _with_group(per.where(F.size("_recs") >= m), salt_hex)
         cats = F.transform(F.slice(F.array_sort(F.col("_recs")), 1, m), lambda r: r["_cat"])
         per = per.select("_group", cats.alias("_cats"))
         counts = F.transform(F.sequence(F.lit(0), F.lit(k - 1)), lambda j: F.size(F.filter(F.col("_cats"), lambda x: x == j)))
@@ -137,12 +143,11 @@ def person_batches(
     w = Window.partitionBy("_pid")
     ranked = rec.select(
         "_pid",
-        "_group",
         "_cat",
         F.row_number().over(w.orderBy("_k1", "_k2", "_cat")).alias("_rank"),
         F.count(F.lit(1)).over(w).alias("_records"),
     ).where((F.col("_rank") <= m) & (F.col("_records") >= m))
-    per_cat = ranked.groupBy("_pid", "_group").pivot("_cat", list(range(k))).count()
+    per_cat = _with_group(ranked.groupBy("_pid").pivot("_cat", list(range(k))).count(), salt_hex)
     counts = F.array(*[F.coalesce(F.col(str(j)), F.lit(0)) for j in range(k)])
     return per_cat.select("_group", counts.cast("array<int>").alias("counts"))
 
