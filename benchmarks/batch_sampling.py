@@ -57,7 +57,7 @@ def main() -> None:
                 from spark_jobs.batches import _keyed_records
 
                 rec = _keyed_records(df, "person", "category", cats, salt, None, ("",))
-                out = rec.agg(F.count(F.lit(1)), F.sum("_k1"))
+                out = rec.agg(F.count(F.lit(1)), F.max("_k1"))
             else:
                 b = person_batches(df, "person", "category", cats, args.m, salt, plan=name)
                 out = b.agg(F.count(F.lit(1)), F.sum(F.col("counts")[0]))
