@@ -41,7 +41,9 @@ def _print_release(result) -> None:
                 print(f"  {r.statistic}: {r.estimate[0]:.4f} {bar}")
             else:
                 print(f"  {r.statistic}:")
-                for j, (col, est) in enumerate(zip(r.columns, r.estimate)):
+                # a distribution's coordinates are its public categories (+ OTHER)
+                labels = json.loads(r.parameters).get("categories") if r.kind == "distribution" else r.columns
+                for j, (col, est) in enumerate(zip(labels, r.estimate)):
                     bar = "" if r.error_bar is None else f" +/- {r.error_bar[j]:.4f}"
                     print(f"      {col}: {est:.4f}{bar}")
                 print(f"      {level}")

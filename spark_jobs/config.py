@@ -11,10 +11,10 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from dplib.errors import ConfigError
 
@@ -156,15 +156,88 @@ class MeanOptions(_Frozen):
         return v
 
 
+class DistributionOptions(_Frozen):
+    """Options of ``kind: distribution`` (``dplib.distribution``; spec discrete_batches.md §3.7).
+
+    ``categories``: the **public, fixed** category list (written in the config from public
+    knowledge, never derived from the data); values outside it and nulls count as ``OTHER``,
+    appended as the last coordinate. ``m``: draws per person (persons with fewer records are
+    left out; more: m drawn uniformly without replacement in keyed-hash order).
+    ``estimator``: P0 (pooled Laplace, pure epsilon), P1 (l1-clipped Laplace around a private
+    centre, pure epsilon) or P2 (l2-clipped Gaussian, needs delta > 0). ``beta``: failure
+    probability in the radii. ``eta``, ``omega``: corruption bound and heterogeneity radius,
+    accepted for the robust estimators to come and **unused by P0-P2**. ``record_label_columns``:
+    the columns that name a record in the sampling order (default: every column of the input).
+    """
+
+    categories: tuple[str, ...]
+    m: int
+    estimator: Literal["P0", "P1", "P2"] = "P0"
+    beta: float = 0.05
+    eta: float | None = None
+    omega: float | None = None
+    record_label_columns: tuple[str, ...] | None = None
+
+    @field_validator("categories")
+    @classmethod
+    def _cats(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from dplib.distribution.batches import check_categories
+
+        try:
+            return check_categories(v)
+        except Exception as err:  # InvalidParameterError -> a config error naming the field
+            raise ValueError(str(err)) from err
+
+    @field_validator("m")
+    @classmethod
+    def _m(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be an integer >= 1 (draws per person), got {v!r}")
+        return v
+
+    @field_validator("beta")
+    @classmethod
+    def _beta(cls, v: float) -> float:
+        if not (0.0 < v < 1.0):
+            raise ValueError(f"must be in (0, 1) (got {v!r})")
+        return v
+
+    @field_validator("eta")
+    @classmethod
+    def _eta(cls, v: float | None) -> float | None:
+        if v is not None and not (0.0 < v < 0.5):
+            raise ValueError(f"must be in (0, 0.5) (got {v!r})")
+        return v
+
+    @field_validator("omega")
+    @classmethod
+    def _omega(cls, v: float | None) -> float | None:
+        if v is not None and not (0.0 <= v < 1.0):
+            raise ValueError(f"must be in [0, 1) (got {v!r})")
+        return v
+
+
+def _options_kind(v: Any) -> str:
+    """Which options model a mapping is: distribution options name ``categories`` or ``m``."""
+    if isinstance(v, DistributionOptions):
+        return "distribution"
+    if isinstance(v, dict) and ({"categories", "m", "estimator"} & set(v)):
+        return "distribution"
+    return "mean"
+
+
 class StatisticConfig(_Frozen):
     """One released statistic. ``share``: its fraction of the run's budget (sequential
     composition across statistics, which all read the same persons)."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
-    kind: Literal["mean", "multivariate_mean"]
+    kind: Literal["mean", "multivariate_mean", "distribution"]
     columns: tuple[str, ...] = Field(min_length=1)
     share: float
-    options: MeanOptions = MeanOptions()
+    options: Annotated[
+        Union[Annotated[MeanOptions, Tag("mean")], Annotated[DistributionOptions, Tag("distribution")]],
+        Discriminator(_options_kind),
+    ] = MeanOptions()
 
     @field_validator("share")
     @classmethod
@@ -176,6 +249,14 @@ class StatisticConfig(_Frozen):
     @model_validator(mode="after")
     def _univariate(self) -> "StatisticConfig":
         o = self.options
+        if self.kind == "distribution":
+            if not isinstance(o, DistributionOptions):
+                raise ValueError("kind 'distribution' needs options.categories (the public list) and options.m")
+            if len(self.columns) != 1:
+                raise ValueError(f"kind 'distribution' takes exactly one categorical column (got {list(self.columns)})")
+            return self
+        if isinstance(o, DistributionOptions):
+            raise ValueError("options.categories, options.m and options.estimator are for kind 'distribution'")
         if self.kind == "mean":
             if len(self.columns) != 1:
                 raise ValueError(
@@ -287,12 +368,19 @@ class JobConfig(_Frozen):
             raise ValueError(
                 "budget.delta must be > 0 for kind 'multivariate_mean' (an approximate-DP estimator)"
             )
+        for s in self.statistics:
+            if s.kind == "distribution" and s.options.estimator == "P2" and self.budget.delta == 0:
+                raise ValueError(
+                    f"statistic {s.name!r}: estimator P2 (Gaussian) needs budget.delta > 0; use P0 or P1 for pure epsilon"
+                )
         names = [s.name for s in self.statistics]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"statistic names must be unique; repeated: {dup}")
         for s in self.statistics:
-            if self.budget.delta == 0 and s.options.scale is not None and s.options.range_bound is None:
+            if s.kind == "distribution":
+                pass
+            elif self.budget.delta == 0 and s.options.scale is not None and s.options.range_bound is None:
                 raise ValueError(
                     f"statistic {s.name!r}: budget.delta = 0 (pure DP) with a declared options.scale "
                     "needs options.range_bound (or drop options.scale for the scale-free estimator)"
@@ -331,9 +419,11 @@ class JobConfig(_Frozen):
         return "k-" + hashlib.sha256(blob).hexdigest()[:32]
 
     def value_columns(self) -> list[str]:
-        """Every value column any statistic reads, in order of first use."""
+        """Every numeric value column a mean statistic reads, in order of first use."""
         out: list[str] = []
         for s in self.statistics:
+            if s.kind == "distribution":
+                continue
             for c in s.columns:
                 if c not in out:
                     out.append(c)
@@ -341,7 +431,7 @@ class JobConfig(_Frozen):
 
 
 def _known_fields() -> set[str]:
-    models = [InputConfig, PrivacyUnitConfig, BudgetConfig, MeanOptions, StatisticConfig, SummaryConfig,
+    models = [InputConfig, PrivacyUnitConfig, BudgetConfig, MeanOptions, DistributionOptions, StatisticConfig, SummaryConfig,
               OutputConfig, SparkConfig, LimitConfig, LedgerConfig, JobConfig]
     return {name for m in models for name in m.model_fields}
 

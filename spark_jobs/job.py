@@ -36,8 +36,12 @@ from dplib.mean.multivariate import ALGORITHM as MV_ALGORITHM
 from dplib.mean.multivariate import ALGORITHM_VERSION as MV_VERSION
 from dplib.mean.multivariate import MultivariateMeanPlan, multivariate_person_mean
 from dplib.mean.univariate import ALGORITHM, ALGORITHM_VERSION, UnivariateMeanPlan, univariate_person_mean
+from dplib.distribution.private import ALGORITHM as DIST_ALGORITHM
+from dplib.distribution.private import ALGORITHM_VERSION as DIST_VERSION
+from dplib.distribution.private import ESTIMATOR_NAMES, DistributionPlan, private_distribution
 from dplib.mechanisms import NoiseSource, production_noise
 from spark_jobs import __version__
+from dplib.errors import InputDataError
 from spark_jobs.config import JobConfig, StatisticConfig
 from spark_jobs.release import ReleaseRow, to_json, write_releases
 
@@ -66,7 +70,13 @@ UNEQUAL_RECORDS_SUMMARY = (
     "number of records"
 )
 
-MeanPlan = Union[UnivariateMeanPlan, ScaleFreeMeanPlan, MultivariateMeanPlan]
+ESTIMAND_DISTRIBUTION = (
+    "mean over persons of each person's distribution of {col} over the public categories (+ OTHER), "
+    "from m={m} of the person's records drawn uniformly without replacement (persons with fewer "
+    "than m records left out; persons weighted equally)"
+)
+
+MeanPlan = Union[UnivariateMeanPlan, ScaleFreeMeanPlan, MultivariateMeanPlan, DistributionPlan]
 
 
 def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
@@ -74,6 +84,17 @@ def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
     the config declares a scale."""
     total = Budget(cfg.budget.epsilon, cfg.budget.delta)
     opts = stat.options
+    if stat.kind == "distribution":
+        return DistributionPlan(
+            budget=total.scaled(stat.share),
+            categories=opts.categories,
+            m=opts.m,
+            estimator=opts.estimator,
+            beta=opts.beta,
+            eta=opts.eta,
+            omega=opts.omega,
+            budget_mode=cfg.budget.budget_mode,
+        )
     if stat.kind == "multivariate_mean":
         return MultivariateMeanPlan(
             budget=total.scaled(stat.share),
@@ -144,7 +165,13 @@ class JobPlan:
                 f"  - {c.stage:<48} persons {str(c.group):<12} epsilon={c.budget.epsilon:.4g} delta={c.budget.delta:.3g}"
             )
         for name, p in self.plans.items():
-            if isinstance(p, MultivariateMeanPlan):
+            if isinstance(p, DistributionPlan):
+                lines.append(
+                    f"  {name}: distribution over k={p.k} public categories (+ OTHER last), m={p.m} draws per person "
+                    f"(fewer: person left out), estimator {p.estimator}: {ESTIMATOR_NAMES[p.estimator]}; "
+                    f"radii from public inputs and the DP centre; eta/omega unused by P0-P2"
+                )
+            elif isinstance(p, MultivariateMeanPlan):
                 how = "declared scales" if p.scales is not None else "scales found privately"
                 lines.append(
                     f"  {name}: multivariate mean, d={p.d}, {how}, mode={p.mode} (m={p.m_model}), k={p.k:g}; "
@@ -238,6 +265,59 @@ def released_run_ids(table_path: str, job_name: str) -> set[str]:
         return set()
 
 
+def _distribution_row(cfg, stat, plan: DistributionPlan, records, salt, noise, accountant, run_id, lineage, created) -> ReleaseRow:
+    """Batches of one categorical column (one Spark plan, cached), the private estimator, one row."""
+    from spark_jobs.batches import SparkBatchAggregates, person_batches
+
+    opts = stat.options
+    batches = person_batches(
+        records,
+        cfg.privacy_unit.column,
+        stat.columns[0],
+        plan.categories,
+        plan.m,
+        salt,
+        label_columns=opts.record_label_columns,
+        null_values=cfg.privacy_unit.null_values,
+    ).persist()
+    try:
+        backend = SparkBatchAggregates(batches, plan.k, plan.m)
+        rel = private_distribution(backend, plan, noise, accountant, f"{stat.name}: ")
+    finally:
+        batches.unpersist()
+    return ReleaseRow(
+        run_id=run_id,
+        job_name=cfg.job_name,
+        dataset=cfg.input.dataset or cfg.input.path,
+        input_path=lineage.path,
+        input_format=lineage.format,
+        input_delta_version=lineage.delta_version,
+        input_fingerprint=lineage.fingerprint,
+        privacy_unit=cfg.privacy_unit.column,
+        statistic=stat.name,
+        kind=stat.kind,
+        columns=list(stat.columns),
+        estimand=ESTIMAND_DISTRIBUTION.format(col=stat.columns[0], m=plan.m),
+        algorithm=f"{DIST_ALGORITHM}-{plan.estimator}",
+        algorithm_version=DIST_VERSION,
+        status=rel.status,
+        estimate=[float(x) for x in rel.estimate],
+        estimate_shape=[plan.k],
+        epsilon=rel.epsilon,
+        delta=rel.delta,
+        neighbouring="add/remove all records of one person",
+        noise_scale=float(rel.noise_scale),
+        noise_source=noise.name,
+        error_bar=[float(x) for x in rel.error_bar],
+        error_level=rel.error_level,
+        error_covers=rel.error_covers,
+        parameters=to_json(rel.parameters),
+        config_hash=cfg.config_hash(),
+        code_version=__version__,
+        created_at=created,
+    )
+
+
 def run_job(
     cfg: JobConfig,
     *,
@@ -314,6 +394,12 @@ def run_job(
     input_path = sio.absolute(cfg.input.path)
     records = sio.read_records(spark, input_path, cfg.input.format, cfg.input.csv_options)
     sio.validate_schema(records, cfg.privacy_unit.column, columns, cfg.input.format)
+    for stat in cfg.statistics:
+        if stat.kind == "distribution":
+            needed = list(stat.columns) + list(stat.options.record_label_columns or [])
+            for col in needed:
+                if col not in records.columns:
+                    raise InputDataError(f"column {col!r} not found in the input; it has {sorted(records.columns)}")
     sio.check_not_empty(records, cfg.input.path)
     lineage = sio.lineage(spark, records, input_path, cfg.input.format)
     log.info("input validated (%s, %s)", cfg.input.path, cfg.input.format)
@@ -329,11 +415,13 @@ def run_job(
         _crash_point("after_reserve")
 
     salt = new_salt()
-    summary = summarize(
-        records, cfg.privacy_unit.column, columns, salt, cfg.summary.m_min, cfg.privacy_unit.null_values
-    ).persist()
+    summary = (
+        summarize(records, cfg.privacy_unit.column, columns, salt, cfg.summary.m_min, cfg.privacy_unit.null_values).persist()
+        if columns
+        else None
+    )
     try:
-        backend = SparkAggregates(summary)
+        backend = SparkAggregates(summary) if summary is not None else None
         # the run may never spend more than it reserved
         accountant = Accountant(reservation.budget if reservation is not None else Budget(cfg.budget.epsilon, cfg.budget.delta))
         rows: list[ReleaseRow] = []
@@ -341,6 +429,14 @@ def run_job(
         for stat in cfg.statistics:
             t1 = time.monotonic()
             plan = job_plan.plans[stat.name]
+            if isinstance(plan, DistributionPlan):
+                rows.append(
+                    _distribution_row(
+                        cfg, stat, plan, records, salt, noise, accountant, run_id, lineage, created
+                    )
+                )
+                log.info("statistic %s: %s", stat.name, rows[-1].status)
+                continue
             rel, algorithm, algorithm_version = run_statistic(
                 backend, stat.columns, plan, noise, accountant, f"{stat.name}: "
             )
@@ -393,7 +489,8 @@ def run_job(
         table = write_releases(spark, rows, output_path)
         _crash_point("after_release_commit")
     finally:
-        summary.unpersist()
+        if summary is not None:
+            summary.unpersist()
     if ledger is not None and reservation is not None:
         ledger.mark(population, run_id, reservation.attempt, "released")
     eps, delta = accountant.cost()

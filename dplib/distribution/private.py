@@ -1,0 +1,505 @@
+"""Private estimators of a discrete distribution from per-person batches: P0, P1, P2.
+
+Spec ``../shared/specs/discrete_batches.md`` §3.7 (tiers), §4.2, §5 (radii), §7.2, §8 #1, #5, #9;
+Kamath, Majid, Moitra, Mouzakis, Ullman, Algorithm 4.1 step 1 (the pooled Laplace baseline).
+Each person contributes one count vector ``c_i`` (``k`` categories incl. OTHER, ``sum c_i = m``)
+and its distribution ``y_i = c_i / m`` on the simplex. The estimand is the mean over persons of
+``y_i`` (persons with at least ``m`` records, weighted equally).
+
+Neighbouring relation: add/remove one person (DESIGN.md); the number of persons is **not**
+public. The spec's tiers are written for replace-one with n public; the add/remove forms are:
+
+======  =====================================================================================
+tier    release (each stage on its own fixed hash range in parallel mode)
+======  =====================================================================================
+P0      ``nu = sum_i y_i + Lap(1/epsilon)^k`` (l1 sensitivity 1: ``||y_i||_1 = 1``); estimate
+        ``Pi(nu)``. ``Pi`` is scale-free, so ``Pi(nu) = Pi(nu / n)`` and no count is needed.
+P1      centre ``c = Pi(nu_c)`` by P0 on the centre range; then on the rest
+        ``(S, w n)`` with ``S = sum_i (clip1(y_i) - c)``, ``clip1`` the l1 ball of radius rho_1
+        around c; Laplace((rho_1 + w)/epsilon) on all k + 1 entries (l1 sensitivity rho_1 + w);
+        estimate ``Pi(c + S~ / max(N~, 1))`` with ``N~ = (w n)~ / w``.
+P2      as P1 with the l2 ball of radius rho_2 and the analytic Gaussian mechanism on
+        ``(S, w n)`` (l2 sensitivity ``sqrt(rho_2^2 + w^2)``): (epsilon, delta).
+======  =====================================================================================
+
+Normalisation of P1/P2: the centred sum's coordinates sum to 0 (both ``clip(y_i)`` and ``c``
+lie on the simplex), so it carries no count; the count is released jointly as ``w n`` with
+``w = rho / 4`` (as ``dplib.mean.multivariate.clip_and_noise``), and the count's relative error
+only multiplies the small correction ``S / n ~ ybar - c``. The un-centred ``sum clip(y_i)`` would
+carry n for free but has sensitivity 1, i.e. P0's.
+
+``Pi(v) = max(v, 0) / sum(max(v, 0))`` is an l1-nearest simplex point (spec §8 #9); when no
+coordinate is positive every simplex point is at the same l1 distance and the uniform
+distribution is returned (post-processing either way).
+
+Radii (spec §3.7, §5), from public inputs and earlier DP outputs only: with n^ the P0 centre's
+noisy count scaled to the statistic's persons,
+``r_c = min(2, 2 (sqrt(2 (k ln 2 + ln(4/beta)) / (n_c m)) + G_k(1 - beta/2) b_c / n_c))`` (a
+bound on ``||c - mu||_1``: sampling of ``n_c m`` draws, plus the l1 norm of the k Laplace
+noises, a Gamma(k, b_c) quantile, doubled by the projection), ``rho_1 = min(2, sqrt(2 (k ln 2 +
+ln(2 n^/beta)) / m) + r_c)``, ``rho_2 = min(sqrt 2, 3 / sqrt(m) + r_c)``. They shape accuracy
+only; privacy holds for any public value.
+
+``eta`` and ``omega`` are accepted for the robust estimators of a later increment and are
+unused by P0-P2 (which have no robustness beyond the trivial bias <= eta in TV).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from scipy.stats import gamma
+
+from dplib.budget import Accountant, Budget, Charge, composed_cost
+from dplib.distribution.batches import (
+    BatchAggregates,
+    category_names,
+    check_batch_size,
+    check_categories,
+    clipped_sum_l1_sensitivity,
+    clipped_sum_l2_sensitivity,
+)
+from dplib.errors import InvalidParameterError
+from dplib.groups import ALL_PERSONS, GroupRange
+from dplib.mechanisms import NoiseSource, clamp_exact, gaussian_sigma, inflate, laplace_mechanism
+
+#: The analytic-Gaussian calibration (dp_accounting, ~0.1 s) is a pure function of public
+#: values: cache it.
+_gaussian_sigma = functools.lru_cache(maxsize=256)(gaussian_sigma)
+
+ALGORITHM = "batch-distribution"
+ALGORITHM_VERSION = "1"
+ESTIMATORS = ("P0", "P1", "P2")
+ESTIMATOR_NAMES = {
+    "P0": "pooled Laplace (pure epsilon)",
+    "P1": "l1-clipped Laplace around a private centre (pure epsilon)",
+    "P2": "l2-clipped Gaussian around a private centre (approximate DP)",
+}
+STATUS_OK = "OK"
+ERROR_LEVEL = 0.9
+#: Weight of the count released beside the clipped sum: ``(S, w n)``, ``w = COUNT_WEIGHT * rho``.
+COUNT_WEIGHT = 0.25
+#: Share of the statistic's persons read by the centre stage (parallel mode).
+CENTER_FRACTION = 0.25
+#: Budget share of the centre in sequential mode (spec §5: epsilon_1 = epsilon / 4).
+CENTER_EPSILON_SHARE = 0.25
+#: Constant of the P2 radius (spec §5: rho_2 = 3 / sqrt(m) + r_c).
+P2_RADIUS_CONSTANT = 3.0
+
+STAGE_POOLED = "pooled laplace"
+STAGE_CENTER = "centre (pooled laplace)"
+STAGE_CLIP_L1 = "l1-clipped sum"
+STAGE_CLIP_L2 = "l2-clipped sum"
+
+
+def project_to_simplex(values: np.ndarray) -> np.ndarray:
+    """l1-nearest point of the probability simplex: ``max(v, 0) / sum(max(v, 0))``.
+
+    Parameters
+    ----------
+    values : ndarray (k,)
+        Any finite vector (e.g. a noisy sum of per-person distributions; the map is scale-free).
+
+    Returns
+    -------
+    ndarray (k,), non-negative, summing to 1 (uniform when no entry is positive).
+
+    References
+    ----------
+    Spec §8 #9 (the paper's Pi of Lemma 4.4).
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 1 or v.size < 1 or not np.all(np.isfinite(v)):
+        raise InvalidParameterError("values must be a non-empty finite vector")
+    p = np.maximum(v, 0.0)
+    total = math.fsum(p)
+    if not total > 0.0:
+        return np.full(v.size, 1.0 / v.size)
+    p = p / total
+    return p / math.fsum(p)  # one more pass: the sum is 1 to within an ulp or two
+
+
+def _check_unit_interval(value: object, name: str, lo: float, hi: float, allow_none: bool = True) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (lo <= float(value) < hi):
+        raise InvalidParameterError(f"{name} must be a number in [{lo}, {hi}), got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class DistributionPlan:
+    """Public plan of a private batch distribution, fixed before any data is read.
+
+    Parameters
+    ----------
+    budget : Budget
+        The statistic's (epsilon, delta). P0 and P1 spend no delta; P2 needs delta > 0.
+    categories : sequence of str
+        Public category list; ``k = len(categories) + 1`` (OTHER appended).
+    m : int
+        Draws per person (>= 1).
+    estimator : "P0", "P1" or "P2"
+    beta : float, default 0.05
+        Failure probability in the radii (accuracy only).
+    eta, omega : float, optional
+        Corruption bound and heterogeneity radius: accepted for the robust estimators of a
+        later increment; unused by P0-P2.
+    budget_mode : "parallel" or "sequential"
+        P1/P2: the centre reads its own fixed hash range (``CENTER_FRACTION`` of the persons)
+        and every stage gets the whole budget (parallel), or both stages read every person with
+        epsilon/4 and 3 epsilon/4 (sequential, spec §5).
+    group : GroupRange
+        The persons this statistic may read.
+
+    Raises
+    ------
+    InvalidParameterError
+        Naming the parameter: empty/repeated categories, m < 1, unknown estimator, P2 with
+        delta = 0, beta / eta / omega out of range. (epsilon <= 0 is refused by ``Budget``.)
+    """
+
+    budget: Budget
+    categories: tuple[str, ...]
+    m: int
+    estimator: Literal["P0", "P1", "P2"] = "P0"
+    beta: float = 0.05
+    eta: float | None = None
+    omega: float | None = None
+    budget_mode: Literal["parallel", "sequential"] = "parallel"
+    group: GroupRange = ALL_PERSONS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, Budget):
+            raise InvalidParameterError("budget must be a dplib.budget.Budget (epsilon > 0, delta in [0, 1))")
+        object.__setattr__(self, "categories", check_categories(self.categories))
+        object.__setattr__(self, "m", check_batch_size(self.m))
+        if self.estimator not in ESTIMATORS:
+            raise InvalidParameterError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+        if self.estimator == "P2" and self.budget.delta <= 0.0:
+            raise InvalidParameterError("estimator P2 (Gaussian) needs delta > 0; use P0 or P1 for pure epsilon")
+        object.__setattr__(self, "beta", _check_unit_interval(self.beta, "beta", 1e-12, 1.0, allow_none=False))
+        if self.eta is not None and not _check_unit_interval(self.eta, "eta", 0.0, 0.5):
+            raise InvalidParameterError(f"eta must be in (0, 0.5), got {self.eta!r}")
+        _check_unit_interval(self.omega, "omega", 0.0, 1.0)
+        if self.budget_mode not in ("parallel", "sequential"):
+            raise InvalidParameterError(f"budget_mode must be 'parallel' or 'sequential', got {self.budget_mode!r}")
+
+    @property
+    def k(self) -> int:
+        return len(self.categories) + 1
+
+    @property
+    def stage_names(self) -> list[str]:
+        if self.estimator == "P0":
+            return [STAGE_POOLED]
+        return [STAGE_CENTER, STAGE_CLIP_L1 if self.estimator == "P1" else STAGE_CLIP_L2]
+
+    @property
+    def groups(self) -> dict[str, GroupRange]:
+        names = self.stage_names
+        if len(names) == 1 or self.budget_mode == "sequential":
+            return {s: self.group for s in names}
+        parts = self.group.split([CENTER_FRACTION, 1.0 - CENTER_FRACTION])
+        return dict(zip(names, parts))
+
+    @property
+    def stage_budgets(self) -> dict[str, Budget]:
+        eps, delta = self.budget.epsilon, self.budget.delta
+        if self.estimator == "P0":
+            return {STAGE_POOLED: Budget(eps, 0.0)}
+        center, final = self.stage_names
+        final_delta = delta if self.estimator == "P2" else 0.0
+        if self.budget_mode == "parallel":
+            return {center: Budget(eps, 0.0), final: Budget(eps, final_delta)}
+        return {
+            center: Budget(eps * CENTER_EPSILON_SHARE, 0.0),
+            final: Budget(eps * (1.0 - CENTER_EPSILON_SHARE), final_delta),
+        }
+
+    def charges(self, prefix: str = "") -> list[Charge]:
+        """Stage charges in order: the privacy cost before any data is read."""
+        groups, budgets = self.groups, self.stage_budgets
+        return [Charge(f"{prefix}{s}", budgets[s], groups[s]) for s in self.stage_names]
+
+    def cost(self) -> Budget:
+        """Composed cost (add/remove one person) of :meth:`charges`."""
+        eps, delta = composed_cost(self.charges())
+        return Budget(eps, delta)
+
+    def describe(self) -> dict:
+        groups, budgets = self.groups, self.stage_budgets
+        return {
+            "estimator": self.estimator,
+            "estimator_name": ESTIMATOR_NAMES[self.estimator],
+            "categories": category_names(self.categories),
+            "k": self.k,
+            "m": self.m,
+            "beta": self.beta,
+            "eta": self.eta,
+            "omega": self.omega,
+            "eta_omega_use": "unused by P0-P2 (accepted for the robust estimators)",
+            "short_persons": "dropped (fewer than m records)",
+            "budget_mode": self.budget_mode,
+            "stages": [
+                {"stage": s, "persons": [groups[s].lo, groups[s].hi], "epsilon": budgets[s].epsilon, "delta": budgets[s].delta}
+                for s in self.stage_names
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class PooledRelease:
+    """DP output of :func:`pooled_laplace`: ``noisy_sum`` (k,) estimates ``sum_i y_i``."""
+
+    noisy_sum: np.ndarray
+    scale: float  # Laplace scale per coordinate of noisy_sum (persons units)
+
+    @property
+    def noisy_count(self) -> float:
+        """``sum_j noisy_sum_j``: a DP estimate of the persons (post-processing)."""
+        return float(math.fsum(self.noisy_sum))
+
+
+def pooled_laplace(backend: BatchAggregates, group: GroupRange, epsilon: float, noise: NoiseSource) -> PooledRelease:
+    """P0's mechanism: ``sum_i c_i / m + Lap(1/epsilon)^k`` over the persons of ``group``.
+
+    The caller must have charged ``(epsilon, 0)`` on ``group``.
+
+    Privacy
+    -------
+    epsilon-DP under add/remove: ``sum_i c_i`` (exact integers) changes by one count vector,
+    l1 norm exactly m; Laplace(m (1 + 2^-20) / epsilon) on it (the margin covers the float
+    conversion of integer sums above 2^53), then division by m (post-processing). Spec §3.7 P0,
+    §8 #1 (add/remove analogue of the 2/(n epsilon) of replace-one).
+    """
+    m = backend.m
+    _, exact_sum = backend.sums(group)
+    exact = clamp_exact(np.array([float(x) for x in exact_sum]))
+    noisy, scale = laplace_mechanism(exact, inflate(float(m)), epsilon, noise)
+    del exact, exact_sum
+    return PooledRelease(noisy / m, scale / m)
+
+
+@dataclass(frozen=True)
+class ClipStageRelease:
+    """DP output of :func:`clipped_release`: noisy centred sum (k,), noisy count, noise scale
+    (Laplace scale or Gaussian sigma of every entry of ``(S, w n)``), and the count weight."""
+
+    noisy_sum: np.ndarray
+    noisy_count: float
+    scale: float
+    count_weight: float
+
+
+def clipped_release(
+    backend: BatchAggregates,
+    center: np.ndarray,
+    radius: float,
+    norm: Literal["l1", "l2"],
+    group: GroupRange,
+    budget: Budget,
+    noise: NoiseSource,
+) -> ClipStageRelease:
+    """One release of ``(S, w n)``: ``S = sum_i (clip(y_i) - center)`` in the l1 (P1, Laplace)
+    or l2 (P2, analytic Gaussian) ball of ``radius`` around the public ``center``; ``w = radius/4``.
+
+    The caller must have charged ``budget`` on ``group``; ``center`` and ``radius`` must be public.
+
+    Privacy
+    -------
+    Add/remove one person moves S by that person's fixed-point term (l1 norm <= radius (1 +
+    k/2^31), l2 <= radius (1 + sqrt(k)/2^31), :mod:`dplib.distribution.batches`) and w n by w:
+    l1 sensitivity ``radius (1 + k/2^31) + w`` (Laplace, pure epsilon) or l2 sensitivity
+    ``hypot(radius (1 + sqrt(k)/2^31), w)`` (analytic Gaussian, Balle & Wang 2018), each
+    inflated by 2^-20 for float rounding. Spec §3.7 P1/P2, §7.3.
+    """
+    k = backend.k
+    w = COUNT_WEIGHT * radius
+    exact_sum, exact_n = backend.clipped_sum(center, radius, norm, group)
+    exact = clamp_exact(np.concatenate([np.asarray(exact_sum, dtype=np.float64), [w * exact_n]]))
+    if norm == "l1":
+        sens = inflate(clipped_sum_l1_sensitivity(radius, k) + w)
+        noisy, scale = laplace_mechanism(exact, sens, budget.epsilon, noise)
+    else:
+        sens = inflate(math.hypot(clipped_sum_l2_sensitivity(radius, k), w))
+        scale = _gaussian_sigma(sens, budget.epsilon, budget.delta)  # = gaussian_mechanism's sigma
+        noisy = noise.add_gaussian(exact, scale)
+    del exact_sum, exact_n, exact
+    return ClipStageRelease(noisy[:-1], float(noisy[-1]) / w, float(scale), w)
+
+
+def center_error_bound(n_center: float, k: int, m: int, laplace_scale: float, beta: float) -> float:
+    """Public bound r_c on ``||c - mu||_1`` for the P0 centre (spec §3.7 P1 (i), §5).
+
+    ``2 (sqrt(2 (k ln 2 + ln(4/beta)) / (n_c m)) + G_k(1 - beta/2) b / n_c)``, capped at 2:
+    the l1 deviation of ``n_c m`` pooled draws (Bretagnolle-Huber-Carol; homogeneous persons),
+    plus the l1 norm of k Laplace(b) noises (a Gamma(k, b) quantile) over n_c, doubled by the
+    projection (spec §8 #9). ``n_c`` is a DP count (floored at 1): accuracy only.
+    """
+    n_c = max(float(n_center), 1.0)
+    sampling = math.sqrt(2.0 * (k * math.log(2.0) + math.log(4.0 / beta)) / (n_c * m))
+    noise_l1 = float(gamma.ppf(1.0 - beta / 2.0, a=k, scale=laplace_scale)) / n_c
+    return min(2.0, 2.0 * (sampling + noise_l1))
+
+
+def p1_radius(k: int, m: int, n_hat: float, beta: float, r_c: float) -> float:
+    """rho_1 = min(2, sqrt(2 (k ln 2 + ln(2 n^/beta)) / m) + r_c) (spec §3.7 P1, §5)."""
+    n = max(float(n_hat), 1.0)
+    return min(2.0, math.sqrt(2.0 * (k * math.log(2.0) + math.log(2.0 * n / beta)) / m) + r_c)
+
+
+def p2_radius(m: int, r_c: float) -> float:
+    """rho_2 = min(sqrt 2, 3 / sqrt(m) + r_c) (spec §3.7 P2, §5; r_c bounds the l2 error too)."""
+    return min(math.sqrt(2.0), P2_RADIUS_CONSTANT / math.sqrt(m) + r_c)
+
+
+@dataclass(frozen=True)
+class DistributionRelease:
+    """What a private batch distribution releases; every number is DP or public.
+
+    Attributes
+    ----------
+    status : "OK"
+    estimate : ndarray (k,)
+        Probabilities over ``categories`` (non-negative, sum 1).
+    categories : list of k str
+        The public categories, then OTHER.
+    error_bar : ndarray (k,)
+        Half-width of a 90% interval for the final stage's noise alone, per coordinate, divided
+        by the DP person count (not projection, sampling or clipping bias).
+    noise_scale : float
+        Laplace scale / Gaussian sigma of the final stage's noisy sum, in persons units.
+    epsilon, delta : float
+        Composed cost charged.
+    parameters : dict
+        The public plan and DP by-products (centre, radii, count weight, noisy counts).
+    """
+
+    status: str
+    estimate: np.ndarray
+    categories: list[str]
+    error_bar: np.ndarray
+    error_level: float
+    error_covers: str
+    noise_scale: float
+    epsilon: float
+    delta: float
+    parameters: dict = field(default_factory=dict)
+
+
+def private_distribution(
+    backend: BatchAggregates,
+    plan: DistributionPlan,
+    noise: NoiseSource,
+    accountant: Accountant | None = None,
+    stage_prefix: str = "",
+) -> DistributionRelease:
+    """Private mean over persons of their batch distributions ``y_i = c_i / m`` (P0, P1 or P2).
+
+    Parameters
+    ----------
+    backend : BatchAggregates
+        Exact aggregates over per-person count vectors (numpy twin or Spark), with the plan's
+        ``k`` and ``m``.
+    plan : DistributionPlan
+    noise : NoiseSource
+    accountant : Accountant, optional
+        Checked against the whole plan first, then charged before each stage reads its persons;
+        default: limited to ``plan.budget``.
+
+    Returns
+    -------
+    DistributionRelease
+        Estimate of shape (k,) on the simplex.
+
+    Raises
+    ------
+    InvalidParameterError
+        If the backend's k or m differ from the plan's (before any charge).
+    BudgetExceededError
+        Before any stage runs, if the plan does not fit the accountant.
+
+    Privacy
+    -------
+    Add/remove one person. P0: epsilon-DP (one Laplace release, l1 sensitivity 1 on sum y_i).
+    P1: the centre (epsilon_c, 0) and the l1-clipped stage (epsilon_f, 0); P2: the centre
+    (epsilon_c, 0) and the l2-clipped Gaussian stage (epsilon_f, delta). Parallel mode: the
+    stages read disjoint fixed hash ranges, (epsilon, delta) overall; sequential: epsilon/4 +
+    3 epsilon/4. Radii and centre are post-processing of the centre stage and public inputs;
+    the projection is post-processing.
+
+    References
+    ----------
+    Spec §3.7 (P0-P2), §4.2, §5, §7.2, §8; Kamath et al., Algorithm 4.1 step 1.
+    """
+    if backend.k != plan.k or backend.m != plan.m:
+        raise InvalidParameterError(
+            f"the plan is for k={plan.k} categories and m={plan.m} draws; the batches have k={backend.k}, m={backend.m}"
+        )
+    accountant = accountant if accountant is not None else Accountant(plan.budget)
+    charges = {c.stage[len(stage_prefix):]: c for c in plan.charges(stage_prefix)}
+    accountant.check(list(charges.values()))
+    start = len(accountant.charges)
+    params = plan.describe()
+    groups, budgets = plan.groups, plan.stage_budgets
+    k, m = plan.k, plan.m
+    names = category_names(plan.categories)
+
+    def charge(stage: str) -> None:
+        c = charges[stage]
+        accountant.charge(c.stage, c.budget, c.group)
+
+    if plan.estimator == "P0":
+        charge(STAGE_POOLED)
+        rel = pooled_laplace(backend, groups[STAGE_POOLED], budgets[STAGE_POOLED].epsilon, noise)
+        estimate = project_to_simplex(rel.noisy_sum)
+        n_hat = max(rel.noisy_count, 1.0)
+        scale = rel.scale
+        error_bar = np.full(k, scale * math.log(1.0 / (1.0 - ERROR_LEVEL)) / n_hat)
+        params.update({"noisy_person_count": round(rel.noisy_count, 1), "laplace_scale_of_sum": scale})
+        covers = (
+            "the Laplace noise only, per coordinate, at 90%, divided by the DP person count (not the "
+            "projection onto the simplex nor the sampling of persons and draws)"
+        )
+    else:
+        center_stage, final_stage = plan.stage_names
+        charge(center_stage)
+        c_rel = pooled_laplace(backend, groups[center_stage], budgets[center_stage].epsilon, noise)
+        center = project_to_simplex(c_rel.noisy_sum)
+        n_c = max(c_rel.noisy_count, 1.0)
+        n_hat = n_c * plan.group.fraction / groups[center_stage].fraction
+        r_c = center_error_bound(n_c, k, m, c_rel.scale, plan.beta)
+        if plan.estimator == "P1":
+            radius, norm = p1_radius(k, m, n_hat, plan.beta, r_c), "l1"
+        else:
+            radius, norm = p2_radius(m, r_c), "l2"
+        charge(final_stage)
+        f_rel = clipped_release(backend, center, radius, norm, groups[final_stage], budgets[final_stage], noise)
+        denom = max(f_rel.noisy_count, 1.0)
+        estimate = project_to_simplex(center + f_rel.noisy_sum / denom)
+        scale = f_rel.scale
+        q = math.log(1.0 / (1.0 - ERROR_LEVEL)) if norm == "l1" else 1.6448536269514722
+        error_bar = np.full(k, q * scale / denom)
+        params.update(
+            {
+                "center": [float(x) for x in center],
+                "center_noisy_person_count": round(c_rel.noisy_count, 1),
+                "center_error_bound_l1": r_c,
+                "radius": radius,
+                "radius_norm": norm,
+                "count_weight": f_rel.count_weight,
+                "noisy_person_count": round(f_rel.noisy_count, 1),
+                ("laplace_scale_of_sum" if norm == "l1" else "gaussian_sigma_of_sum"): scale,
+            }
+        )
+        covers = (
+            "the noise of the clipped stage only, per coordinate, at 90%, divided by its DP person count "
+            "(not the clipping bias, the projection, nor the sampling of persons and draws)"
+        )
+    eps, delta = composed_cost(accountant.charges[start:])
+    return DistributionRelease(STATUS_OK, estimate, names, error_bar, ERROR_LEVEL, covers, scale, eps, delta, params)

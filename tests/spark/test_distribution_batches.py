@@ -1,0 +1,118 @@
+"""Spark batches == numpy twin, exactly: per-person count vectors, n, sum c, sum c c^T, the
+histogram of distinct count vectors and the clipped sums; both physical plans; the sampling
+rule's uniformity on one person; the category list comes from the config, not the data."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from dplib.distribution.batches import NumpyBatches, moments_from_histogram
+from dplib.groups import ALL_PERSONS, GroupRange
+from spark_jobs.batches import SparkBatchAggregates, person_batches
+
+pytestmark = pytest.mark.spark
+
+SALT = "5e" * 32
+CATS = ["JFK", "LAX", "ORD"]
+
+
+def _records(seed=0, n_persons=60):
+    """Records with string/int columns only (so Python's json.dumps reproduces Spark's to_json),
+    persons with 0..12 records, exact duplicate rows, nulls and unknown categories."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in range(n_persons):
+        pid = f"p{p}" if p % 17 else None if p == 17 else str(p)
+        for r in range(int(rng.integers(0, 13))):
+            cat = rng.choice(["JFK", "LAX", "ORD", "SFO", None], p=[0.4, 0.25, 0.2, 0.1, 0.05])
+            flight = int(rng.integers(0, 3))  # few distinct values -> exact duplicate rows
+            rows.append({"pid": pid, "dest": None if cat is None else str(cat), "flight": flight})
+    return rows
+
+
+def _labels(rows, cols):
+    # Spark's to_json(struct(...)) omits null fields and writes compact JSON
+    return [json.dumps({c: r[c] for c in cols if r[c] is not None}, separators=(",", ":")) for r in rows]
+
+
+@pytest.fixture(scope="module")
+def frame(spark):
+    rows = _records()
+    df = spark.createDataFrame(rows, "pid string, dest string, flight int")
+    return rows, df
+
+
+@pytest.mark.parametrize("plan", ["collect", "window"])
+def test_spark_batches_equal_numpy_twin(spark, frame, plan):
+    rows, df = frame
+    m = 4
+    twin = NumpyBatches([r["pid"] for r in rows], [r["dest"] for r in rows], _labels(rows, ["pid", "dest", "flight"]), CATS, m, SALT)
+    batches = person_batches(df, "pid", "dest", CATS, m, SALT, null_values=[], plan=plan).collect()
+    got = sorted((int(r["_group"]), tuple(r["counts"])) for r in batches)
+    want = sorted((int(g), tuple(int(x) for x in c)) for g, c in zip(twin.group, twin.counts))
+    assert got == want
+    # independent oracle of who is kept: persons with >= m records (null id dropped)
+    per_person = Counter(r["pid"] for r in rows if r["pid"] is not None)
+    assert len(got) == sum(1 for v in per_person.values() if v >= m)
+    assert all(sum(c) == m and len(c) == len(CATS) + 1 for _, c in got)
+
+
+def test_statistics_agree_exactly(spark, frame):
+    rows, df = frame
+    m = 3
+    twin = NumpyBatches([r["pid"] for r in rows], [r["dest"] for r in rows], _labels(rows, ["pid", "dest", "flight"]), CATS, m, SALT)
+    sb = person_batches(df, "pid", "dest", CATS, m, SALT, null_values=[]).persist()
+    try:
+        spark_agg = SparkBatchAggregates(sb, len(CATS) + 1, m)
+        for group in (ALL_PERSONS, GroupRange(0.2, 0.7)):
+            full = group is ALL_PERSONS
+            ms, mn = spark_agg.moments(group), twin.moments(group)
+            assert ms == mn
+            assert spark_agg.sums(group) == twin.sums(group) == (ms.n, ms.sum_counts)
+            # oracle: numpy on the twin's count matrix
+            sel = (twin.group >= group.bounds[0]) & (twin.group < group.bounds[1])
+            c = twin.counts[sel]
+            assert ms.n == c.shape[0]
+            assert list(ms.sum_counts) == c.sum(axis=0).tolist()
+            assert np.array(ms.sum_outer).tolist() == (c.T @ c).tolist()
+            if not full:
+                continue
+            hs = spark_agg.histogram(group)
+            assert hs == twin.histogram(group)
+            assert moments_from_histogram(hs, len(CATS) + 1) == ms
+            center = np.array([0.4, 0.3, 0.2, 0.1])
+            for norm, radius in (("l1", 0.5), ("l2", 0.3), ("l1", 3.0)):
+                s_sum, s_n = spark_agg.clipped_sum(center, radius, norm, group)
+                t_sum, t_n = twin.clipped_sum(center, radius, norm, group)
+                assert s_n == t_n and np.array_equal(s_sum, t_sum)
+        assert spark_agg.rows_collected < 100  # O(k^2 + D) rows, never a per-person row
+    finally:
+        sb.unpersist()
+
+
+def test_default_label_is_every_column_and_unknown_is_other(spark, frame):
+    rows, df = frame
+    m = 1
+    batches = person_batches(df, "pid", "dest", CATS, m, SALT, null_values=[]).collect()
+    twin = NumpyBatches([r["pid"] for r in rows], [r["dest"] for r in rows], _labels(rows, ["pid", "dest", "flight"]), CATS, m, SALT)
+    assert sorted(tuple(r["counts"]) for r in batches) == sorted(tuple(int(x) for x in c) for c in twin.counts)
+    # categories never come from the data: a list naming none of the values puts all in OTHER
+    only_other = person_batches(df, "pid", "dest", ["XXX"], m, SALT, null_values=[]).collect()
+    assert {tuple(r["counts"]) for r in only_other} == {(0, 1)}
+
+
+def test_keyed_order_is_uniform_per_person(spark):
+    """150 persons, each with records {A, A (identical rows), B}: with m = 1 each keeps A with
+    probability 2/3, independently (their keys hash different person ids). Content-only hashing
+    without the duplicate number would give 1/2."""
+    rows = [(f"p{i}", d) for i in range(150) for d in ("A", "A", "B")]
+    df = spark.createDataFrame(rows, "pid string, dest string")
+    got = person_batches(df, "pid", "dest", ["A", "B"], 1, SALT).collect()
+    hits = sum(r["counts"][0] for r in got)
+    assert len(got) == 150
+    # Binomial(150, 2/3): mean 100, sd 5.8 (+-2.6 sd); 1/2 would give 75 (power ~1)
+    assert 85 <= hits <= 115, hits
