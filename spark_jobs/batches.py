@@ -59,6 +59,11 @@ def _keyed_records(df, unit_column, category_column, categories, salt_hex, label
     mapping = F.create_map(*[x for i, c in enumerate(cats) for x in (F.lit(c), F.lit(i))])
     cat = F.coalesce(mapping[F.col(category_column).cast("string")], F.lit(other)).cast("int")
     label_cols = list(label_columns) if label_columns else list(df.columns)
+    if category_column not in label_cols:
+        # Two records with one label but different categories would get the same key (j counts
+        # within (person, label, category)) and their tie would be broken by the category: the
+        # draws would depend on it. The category is therefore always part of the label.
+        label_cols.append(category_column)
     label = F.sha2(F.to_json(F.struct(*[F.col(c) for c in label_cols])), 256)
     uid = F.col(unit_column)
     records = df.where(_valid_id(uid, null_values)).select(

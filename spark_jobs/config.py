@@ -167,7 +167,8 @@ class DistributionOptions(_Frozen):
     centre, pure epsilon) or P2 (l2-clipped Gaussian, needs delta > 0). ``beta``: failure
     probability in the radii. ``eta``, ``omega``: corruption bound and heterogeneity radius,
     accepted for the robust estimators to come and **unused by P0-P2**. ``record_label_columns``:
-    the columns that name a record in the sampling order (default: every column of the input).
+    the columns that name a record in the sampling order (default: every column of the input;
+    the category column is always added, so the draws cannot depend on the category).
     """
 
     categories: tuple[str, ...]

@@ -32,7 +32,9 @@ one's batch (add/remove neighbours change one batch).
 
 Keys are compared as two 60-bit integers (the first 30 hex digits of the digest) and then by the
 category index: two of one person's M records tie on 120 bits with probability below
-M^2 * 2^-121, the only event in which the category could break a tie.
+M^2 * 2^-121, the only event in which the category could break a tie, provided the label
+includes the category (the Spark plan always adds it: two records with one label and different
+categories would otherwise share a key).
 
 Persons with fewer than ``m`` records (policy ``drop``, the only one implemented): they have no
 batch and are left out of every statistic, person by person. Under add/remove neighbouring

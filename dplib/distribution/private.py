@@ -273,8 +273,9 @@ def pooled_laplace(backend: BatchAggregates, group: GroupRange, epsilon: float, 
     Privacy
     -------
     epsilon-DP under add/remove: ``sum_i c_i`` (exact integers) changes by one count vector,
-    l1 norm exactly m; Laplace(m (1 + 2^-20) / epsilon) on it (the margin covers the float
-    conversion of integer sums above 2^53), then division by m (post-processing). Spec §3.7 P0,
+    l1 norm exactly m; Laplace(m (1 + 2^-20) / epsilon) on it (integer sums below 2^53 convert
+    to floats exactly; the margin is for the released float), then division by m
+    (post-processing). Spec §3.7 P0,
     §8 #1 (add/remove analogue of the 2/(n epsilon) of replace-one).
     """
     m = backend.m

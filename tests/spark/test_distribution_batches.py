@@ -116,3 +116,18 @@ def test_keyed_order_is_uniform_per_person(spark):
     assert len(got) == 150
     # Binomial(150, 2/3): mean 100, sd 5.8 (+-2.6 sd); 1/2 would give 75 (power ~1)
     assert 85 <= hits <= 115, hits
+
+
+@pytest.mark.parametrize("plan", ["window", "collect"])
+def test_label_without_the_category_cannot_bias_the_draws(spark, plan):
+    """Review regression: with ``label_columns`` naming only the person, records {A, B} of one
+    person got the same key and the tie went to the lower category index (A 600/600). The
+    category is now always part of the label: with m = 1 each person keeps A with probability
+    1/2, independently across persons."""
+    rows = [(f"p{i}", d) for i in range(200) for d in ("A", "B")]
+    df = spark.createDataFrame(rows, "pid string, dest string")
+    got = person_batches(df, "pid", "dest", ["A", "B"], 1, SALT, label_columns=["pid"], plan=plan).collect()
+    hits = sum(r["counts"][0] for r in got)
+    assert len(got) == 200
+    # Binomial(200, 1/2): mean 100, sd 7.1 (+-3.5 sd); the bug gave 200 (power ~1)
+    assert 75 <= hits <= 125, hits
