@@ -48,8 +48,8 @@ class SparkSpec(_Strict):
 
     conn_id: str = "person_dp_spark"  # Airflow connection: its host is the master (local[2], yarn, k8s://...)
     deploy_mode: str | None = None  # client (default) or cluster
-    application: str = "bin/person_dp_submit.py"  # relative to workdir
-    py_files: str | None = "build/dist/person_dp.zip"  # `make dist`; relative to workdir
+    application: str = "bin/person_dp_submit.py"  # relative to the repository root
+    py_files: str | None = "build/dist/person_dp.zip"  # `make dist`; relative to the repository root
     archives: str | None = None  # a packed venv for YARN/Kubernetes: "env.tar.gz#environment"
     jars: str | None = LOCAL_MAVEN  # the local Maven repository (`make jars`), a comma list, or null
     packages: str | None = None  # e.g. io.delta:delta-spark_4.2_2.13:4.4.0 (with jars: null)
@@ -64,7 +64,7 @@ class DagSpec(_Strict):
 
     dag_id: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
     job_config: str  # relative to this spec file
-    workdir: str | None = None  # relative job paths resolve here; default: the repository root
+    workdir: str | None = None  # the job's relative input/output paths resolve here; default: the repository root
     overrides: list[str] = Field(default_factory=list)  # --set KEY=VALUE for the job
     schedule: str | None = None  # cron or preset ("@daily"); null: triggered only
     start_date: dt.date = dt.date(2026, 1, 1)
@@ -152,7 +152,7 @@ def build_dag(spec_path: Path):
             eps, delta = plan_job(cfg).cost
             print(f"config {config}: valid; plan cost epsilon={eps:.6g} delta={delta:.3g}")
             print(check_input_schema(cfg))
-            py_files = _abs(spec.spark.py_files, workdir) if spec.spark.py_files else ""
+            py_files = _abs(spec.spark.py_files, REPO) if spec.spark.py_files else ""
             if py_files and not urlparse(py_files).scheme and not os.path.isfile(py_files):
                 raise FileNotFoundError(f"spark.py_files: {py_files} not found; build it with `make dist`")
             jars = spec.spark.jars or ""
@@ -224,7 +224,7 @@ def build_dag(spec_path: Path):
             task_id="submit_job",
             conn_id=spec.spark.conn_id,
             deploy_mode=spec.spark.deploy_mode,
-            application=_abs(spec.spark.application, workdir),
+            application=_abs(spec.spark.application, REPO),
             py_files="{{ ti.xcom_pull(task_ids='validate_config_and_input')['py_files'] }}" if spec.spark.py_files else None,
             archives=spec.spark.archives,
             jars="{{ ti.xcom_pull(task_ids='validate_config_and_input')['jars'] }}" if spec.spark.jars else None,
