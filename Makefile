@@ -46,10 +46,10 @@ dist: $(STAMP)
 	cp build/dist/person_dp-*.whl $(DIST_ZIP)
 	@echo "package for --py-files: $(DIST_ZIP)"
 
-# The flights job under spark-submit on a local standalone cluster (two executor JVMs).
-SUBMIT_MASTER ?= local-cluster[2,1,1024]
+# The flights job under spark-submit on a local standalone cluster (two executor JVMs), with the
+# settings of conf/spark-submit/local-cluster.conf (YARN and Kubernetes: the other files there).
 spark-submit-demo: dist $(CLASSPATH_FILE) $(FLIGHTS)
-	$(BIN)/spark-submit --master '$(SUBMIT_MASTER)' \
+	$(BIN)/spark-submit --properties-file conf/spark-submit/local-cluster.conf \
 	    --py-files $(DIST_ZIP) \
 	    --jars "$$($(BIN)/person-dp spark-jars)" \
 	    bin/person_dp_submit.py run --config conf/examples/flights.yaml

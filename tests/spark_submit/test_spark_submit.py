@@ -1,5 +1,6 @@
 """The job under a real ``spark-submit --master local-cluster[2,1,1024]`` (a standalone master,
-two worker JVMs, executors with their own Python workers): the package shipped as a zip with
+two worker JVMs, executors with their own Python workers; conf/spark-submit/local-cluster.conf):
+the package shipped as a zip with
 ``--py-files``, the Delta jars from the local Maven repository with ``--jars``, the config from
 the YAML plus ``--set`` (job) and ``--conf`` (Spark) overrides. Runs the launcher exactly as the
 README says."""
@@ -49,7 +50,8 @@ def _jars():
 
 
 def _submit(args, cwd, timeout=600):
-    cmd = [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", MASTER, *args]
+    cmd = [os.path.join(os.path.dirname(sys.executable), "spark-submit"),
+           "--properties-file", str(REPO / "conf/spark-submit/local-cluster.conf"), *args]
     return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
