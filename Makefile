@@ -8,19 +8,20 @@ BIN    := $(abspath $(VENV))/bin
 STAMP  := $(VENV)/.installed
 CLASSPATH_FILE := build/delta-classpath.txt
 FLIGHTS := build/data/flights.parquet
+DIST_ZIP := build/dist/person_dp.zip
 
 # Executors (local-cluster, clusters) and the driver use the project's environment.
 export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 export PERSON_DP_DELTA_CLASSPATH := $(abspath $(CLASSPATH_FILE))
 
-.PHONY: demo test venv jars data clean dry-run
+.PHONY: demo test venv jars data clean dry-run dist spark-submit-demo
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,airflow]'
 	touch $(STAMP)
 
 jars: $(CLASSPATH_FILE)
@@ -36,6 +37,22 @@ $(FLIGHTS): $(STAMP)
 
 demo: $(STAMP) $(CLASSPATH_FILE) $(FLIGHTS)
 	$(BIN)/person-dp run --config conf/examples/flights.yaml
+
+# The package for spark-submit --py-files: the wheel pip builds (pure Python, so a zip Python
+# imports from), saved as .zip because pyspark adds only .zip/.egg/.jar py-files to sys.path.
+dist: $(STAMP)
+	rm -rf build/dist && mkdir -p build/dist
+	$(BIN)/python -m pip wheel -q --no-deps -w build/dist .
+	cp build/dist/person_dp-*.whl $(DIST_ZIP)
+	@echo "package for --py-files: $(DIST_ZIP)"
+
+# The flights job under spark-submit on a local standalone cluster (two executor JVMs), with the
+# settings of conf/spark-submit/local-cluster.conf (YARN and Kubernetes: the other files there).
+spark-submit-demo: dist $(CLASSPATH_FILE) $(FLIGHTS)
+	$(BIN)/spark-submit --properties-file conf/spark-submit/local-cluster.conf \
+	    --py-files $(DIST_ZIP) \
+	    --jars "$$($(BIN)/person-dp spark-jars)" \
+	    bin/person_dp_submit.py run --config conf/examples/flights.yaml
 
 dry-run: $(STAMP)
 	$(BIN)/person-dp run --config conf/examples/flights.yaml --dry-run

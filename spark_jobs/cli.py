@@ -3,6 +3,9 @@
     person-dp run --config conf/examples/flights.yaml [--dry-run] [--set budget.epsilon=0.5] [--run-id KEY]
     person-dp releases list|show RUN_ID [--table T] [--format table|json|csv]
     person-dp budget show [--entries] | set --population P --epsilon E --delta D [--ledger L]
+    person-dp budget check --config X [--set k=v] [--run-id KEY]     # room for one run? spends nothing
+    person-dp validate --config X [--set k=v]                        # config, plan, input schema; no Spark
+    person-dp spark-jars                                             # Delta jars for spark-submit --jars
     person-dp report [--table T] [--out DIR]
     person-dp prepare-flights --out build/data/flights.parquet
 
@@ -136,6 +139,43 @@ def cmd_budget(args) -> int:
     return 0
 
 
+def cmd_budget_check(args) -> int:
+    """``person-dp budget check``: exit 0 if the ledger has room for one run of the config (or the
+    keyed run already released), 2 with limit, spent and requested otherwise. Writes nothing."""
+    from spark_jobs.config import load_config
+    from spark_jobs.preflight import ledger_room
+
+    check = ledger_room(load_config(args.config, args.set), args.run_id)
+    print(check.message)
+    return 0
+
+
+def cmd_validate(args) -> int:
+    """``person-dp validate``: the config, its privacy plan and the input schema, without Spark."""
+    from spark_jobs.config import load_config
+    from spark_jobs.job import plan_job
+    from spark_jobs.preflight import check_input_schema
+
+    cfg = load_config(args.config, args.set)
+    eps, delta = plan_job(cfg).cost
+    print(f"config {args.config}: valid; plan cost epsilon={eps:.6g} delta={delta:.3g}")
+    print(check_input_schema(cfg))
+    return 0
+
+
+def cmd_spark_jars(args) -> int:
+    """``person-dp spark-jars``: the Delta jars of the local Maven repository (``make jars``), comma
+    separated, for ``spark-submit --jars``."""
+    from spark_jobs.session import delta_jars
+
+    jars = delta_jars()
+    if not jars:
+        print("error: no Delta jars found; run `make jars` (or set PERSON_DP_DELTA_CLASSPATH)", file=sys.stderr)
+        return 2
+    print(",".join(jars))
+    return 0
+
+
 def cmd_report(args) -> int:
     """``person-dp report``: write an HTML page with one chart per statistic of a run."""
     from spark_jobs.query import write_report
@@ -185,6 +225,18 @@ def build_parser() -> argparse.ArgumentParser:
     b_set.add_argument("--delta", type=float, default=None, help="default: keep the current delta limit (0 if new)")
     b_set.add_argument("--create", action="store_true", help="create the ledger table if it does not exist")
     b_set.set_defaults(func=cmd_budget)
+    b_check = bud_sub.add_parser("check", help="exit 0 if the ledger has room for one run of a config; writes nothing")
+    b_check.add_argument("--config", required=True)
+    b_check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    b_check.add_argument("--run-id", default=None, metavar="RUN_KEY",
+                         help="the run key the run will use: an already released key needs no room")
+    b_check.set_defaults(func=cmd_budget_check)
+    val = sub.add_parser("validate", help="check a config, its privacy plan and the input schema (no Spark)")
+    val.add_argument("--config", required=True)
+    val.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    val.set_defaults(func=cmd_validate)
+    jars = sub.add_parser("spark-jars", help="print the local Delta jars for spark-submit --jars")
+    jars.set_defaults(func=cmd_spark_jars)
     rep = sub.add_parser("report", help="write an HTML report with one chart per released statistic")
     rep.add_argument("--table", default="build/releases/releases")
     rep.add_argument("--out", default="build/report")

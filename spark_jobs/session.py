@@ -1,7 +1,11 @@
 """SparkSession with Delta Lake.
 
-- Run by ``spark-submit``: the master and the Delta jars it was given win (``--master``,
-  ``--packages`` / ``--jars``); we only add the Delta SQL extension and catalog.
+- Run by ``spark-submit``: the master, the Delta jars and the settings it was given win
+  (``--master``, ``--jars`` / ``--packages``, ``--conf`` over the config's ``spark.conf``); we
+  only add the Delta SQL extension and catalog and the defaults below where ``--conf`` set
+  nothing. The Delta jars must come with spark-submit (``--jars $(person-dp spark-jars)`` from
+  the local Maven repository, or ``--packages``): jars added after the driver JVM started would
+  not reach the driver.
 - Run locally (``person-dp run``, tests): master from the config (default ``local[2]``), and the
   Delta jars from the local Maven repository, as listed by ``make jars`` in
   ``build/delta-classpath.txt`` (see ``conf/delta-jars.pom.xml``). Jars that pyspark already
@@ -16,6 +20,8 @@ import logging
 import os
 import re
 from pathlib import Path
+
+from dplib.errors import ConfigError
 
 log = logging.getLogger("person_dp.session")
 
@@ -66,6 +72,12 @@ def delta_jars() -> list[str]:
     return [p for p in jars if _artifact(p) not in shipped]
 
 
+def under_spark_submit() -> bool:
+    """True when this Python process was started by spark-submit (which passes its JVM's
+    gateway port), False for ``person-dp run``, tests and notebooks."""
+    return bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
+
+
 def build_session(
     master: str = "local[2]", app_name: str = "person-dp", conf: dict[str, str] | None = None, log_level: str = "ERROR"
 ):
@@ -91,15 +103,31 @@ def build_session(
     existing = SparkSession.getActiveSession()
     if existing is not None:
         return existing
+    submitted = under_spark_submit()
+    if submitted:
+        # Connect to spark-submit's JVM first (launches nothing): only then does SparkConf() see
+        # its --master, --jars / --packages and --conf (before, it is an empty Python dict).
+        from pyspark import SparkContext
+
+        SparkContext._ensure_initialized()
     preset = SparkConf()  # under spark-submit this holds --master, --packages, --conf ...
     builder = SparkSession.builder.appName(app_name)
     if not preset.contains("spark.master"):
         builder = builder.master(master)
     settings = dict(DEFAULT_CONF)
     settings.update(conf or {})
+    if submitted:
+        # spark-submit's --conf wins over the defaults here and the config's spark.conf
+        settings = {k: v for k, v in settings.items() if not preset.contains(k)}
     has_delta = any(
         "delta" in preset.get(k, "") for k in ("spark.jars.packages", "spark.jars")
     ) or any("delta" in v for k, v in settings.items() if k in ("spark.jars.packages", "spark.jars"))
+    if not has_delta and submitted:
+        # jars added now would reach the executors but not the driver JVM spark-submit started
+        raise ConfigError(
+            "spark-submit was given no Delta Lake jars: pass them with --jars (the local Maven "
+            "repository, `person-dp spark-jars`) or --packages " + DELTA_PACKAGE
+        )
     if not has_delta:
         jars = delta_jars()
         if jars:

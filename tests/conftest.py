@@ -50,3 +50,18 @@ def flights_full(tmp_path_factory):
     path = tmp_path_factory.mktemp("flights_full") / "flights.parquet"
     df.to_parquet(path, index=False)
     return str(path), df
+
+
+@pytest.fixture(scope="session")
+def package_zip(tmp_path_factory):
+    """The package as spark-submit ships it (``make dist``): pip's wheel of this checkout, saved
+    as .zip for ``--py-files``."""
+    import shutil
+    import subprocess
+
+    out = tmp_path_factory.mktemp("dist")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), root],
+                   check=True, capture_output=True, timeout=300)
+    (wheel,) = out.glob("person_dp-*.whl")
+    return str(shutil.copy(wheel, out / "person_dp.zip"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.integrate import trapezoid  # np.trapezoid is NumPy >= 2 only; pyproject allows 1.26
 from scipy.optimize import brentq
 from scipy.special import roots_hermitenorm
 from scipy.stats import norm
@@ -62,10 +63,10 @@ def noise_and_sampling_quantile(a: float, b: float, sigma: float, level: float =
     if sigma >= lap:
         z = np.linspace(-40.0 * lap, 40.0 * lap, 8001)
         w = np.vectorize(laplace_pair_density)(z, a, b)
-        w = w / np.trapezoid(w, z)
+        w = w / trapezoid(w, z)
 
         def tail(t: float) -> float:
-            return float(np.trapezoid(w * (norm.sf((t - z) / sigma) + norm.cdf((-t - z) / sigma)), z))
+            return float(trapezoid(w * (norm.sf((t - z) / sigma) + norm.cdf((-t - z) / sigma)), z))
     else:
         nodes, weights = _HERMITE
         g = nodes * sigma

@@ -1,0 +1,161 @@
+"""Checks before a run that spend nothing and start no Spark: for schedulers (Airflow's first
+tasks) and ``person-dp validate`` / ``person-dp budget check``.
+
+- :func:`check_input_schema`: the input's schema, read from the file footers (pyarrow) or the
+  Delta log (delta-rs), converted to Spark types and checked by the job's own rules
+  (:func:`spark_jobs.io.validate_schema`), plus "holds at least one row".
+- :func:`ledger_room`: does the population have room for this run's composed cost? Read-only and
+  advisory: the job's atomic reservation is what guarantees the ledger cannot overspend; this
+  only fails early, before a cluster job is submitted.
+
+Messages name the config field or column and never give a count, sum, salt or seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+from dplib.budget import REL_TOL, Budget
+from dplib.errors import BudgetExceededError, InputDataError
+from spark_jobs.config import JobConfig
+
+
+def _local(path: str) -> bool:
+    return urlparse(path).scheme in ("", "file")
+
+
+def check_input_schema(cfg: JobConfig) -> str:
+    """Check the input's columns and types as the job will (without Spark), and that it holds a row.
+
+    Returns a one-line summary. Remote URIs (``s3a://``, ``hdfs://`` ...) are not read here: the
+    job checks them itself before any budget is spent.
+
+    Raises
+    ------
+    InputDataError
+        Missing path, unreadable input, missing column or unusable type (naming the column), or
+        an input without a single row.
+    """
+    from spark_jobs import io as sio
+
+    path, fmt = sio.absolute(cfg.input.path), cfg.input.format
+    if not _local(path):
+        return f"input.path {cfg.input.path!r} is remote: its schema is checked by the job, before any budget is spent"
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    from pyspark.sql.pandas.types import from_arrow_schema  # pure Python: no JVM
+
+    try:
+        if fmt == "delta":
+            from deltalake import DeltaTable
+
+            table = DeltaTable(path)
+            schema = table.schema().to_arrow()
+            schema = pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
+            dataset = ds.dataset(table.file_uris(), format="parquet", schema=schema)
+        elif fmt == "parquet":
+            dataset = ds.dataset(path, format="parquet")
+            schema = dataset.schema
+        else:  # csv: every column is read as a string, as the job does
+            import pyarrow.csv as pcsv
+
+            opts = {"header": "true", **cfg.input.csv_options}
+            header = str(opts["header"]).lower() == "true"
+            fmt_csv = ds.CsvFileFormat(
+                parse_options=pcsv.ParseOptions(delimiter=opts.get("sep", opts.get("delimiter", ","))),
+                read_options=pcsv.ReadOptions(autogenerate_column_names=not header),
+            )
+            dataset = ds.dataset(path, format=fmt_csv)
+            names = dataset.schema.names if header else [f"_c{i}" for i in range(len(dataset.schema.names))]
+            schema = pa.schema([(n, pa.string()) for n in names])
+        spark_schema = from_arrow_schema(schema)
+    except InputDataError:
+        raise
+    except Exception as err:  # missing path, not a Delta table, unreadable file: name the field
+        msg = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+        raise InputDataError(f"cannot read input.path {cfg.input.path!r} as {fmt}: {msg}") from err
+
+    class _Schema:  # what validate_schema reads of a DataFrame
+        pass
+
+    frame = _Schema()
+    frame.schema = spark_schema
+    sio.validate_schema(frame, cfg.privacy_unit.column, cfg.value_columns(), fmt)
+    if dataset.head(1).num_rows == 0:
+        raise InputDataError(f"input.path {cfg.input.path!r} holds no rows")
+    return f"input {cfg.input.path} ({fmt}): columns {[cfg.privacy_unit.column] + cfg.value_columns()} present with usable types"
+
+
+@dataclass(frozen=True)
+class RoomCheck:
+    """Outcome of :func:`ledger_room` (only raised errors mean "no room")."""
+
+    run_id: str | None
+    already_released: bool
+    requested: Budget
+    message: str
+
+
+def run_cost(cfg: JobConfig) -> Budget:
+    """What a run of ``cfg`` reserves in the ledger (as :func:`spark_jobs.job.run_job` does)."""
+    from spark_jobs.job import plan_job
+
+    cost = plan_job(cfg).cost
+    return Budget(*cost) if cost[0] > 0 else Budget(cfg.budget.epsilon, cfg.budget.delta)
+
+
+def ledger_room(cfg: JobConfig, run_key: str | None = None) -> RoomCheck:
+    """Check, without writing, that the ledger has room for one run of ``cfg``.
+
+    A keyed run (``run_key``, e.g. Airflow's run id) that already released needs no room: re-running
+    it returns the stored release and spends nothing.
+
+    Raises
+    ------
+    BudgetExceededError
+        The population has no limit (and the config sets no ``ledger.initial_limit``), or spent +
+        requested would exceed the limit in epsilon or delta (message: limit, spent, requested).
+    ConfigError
+        If the config or its privacy plan is invalid.
+    """
+    from spark_jobs.io import absolute
+    from spark_jobs.job import stored_release
+    from spark_jobs.ledger import Ledger
+
+    request = run_cost(cfg)
+    run_id = cfg.run_id_for(run_key)
+    if not cfg.ledger.enabled:
+        return RoomCheck(run_id, False, request, "ledger disabled: no lifetime budget is kept")
+    if run_id is not None:
+        table = absolute(cfg.output.path).rstrip("/") + "/releases"
+        if stored_release(table, run_id):
+            return RoomCheck(run_id, True, request,
+                             f"run {run_id} has already released: a re-run returns the stored release and spends nothing")
+    population = cfg.population()
+    ledger = Ledger(absolute(cfg.ledger_path()))
+    cur = ledger.population(population)
+    if cur is None:
+        lim = cfg.ledger.initial_limit
+        if lim is None:
+            raise BudgetExceededError(
+                f"no budget is set for population {population!r} in ledger {ledger.path} and the config has no "
+                f"ledger.initial_limit; an operator sets one with: person-dp budget set --ledger {ledger.path} "
+                f"--population {population} --epsilon E --delta D"
+            )
+        limit, spent = Budget(lim.epsilon, lim.delta), (0.0, 0.0)
+    else:
+        limit, spent = Budget(cur.limit_epsilon, cur.limit_delta), (cur.spent_epsilon, cur.spent_delta)
+    new_e, new_d = spent[0] + request.epsilon, spent[1] + request.delta
+    if not (new_e <= limit.epsilon * (1 + REL_TOL) and new_d <= limit.delta * (1 + REL_TOL)):
+        raise BudgetExceededError(
+            f"population {population!r} has not enough budget left: limit (epsilon={limit.epsilon:g}, "
+            f"delta={limit.delta:g}), spent (epsilon={spent[0]:g}, delta={spent[1]:g}), "
+            f"requested (epsilon={request.epsilon:g}, delta={request.delta:g})"
+        )
+    return RoomCheck(
+        run_id, False, request,
+        f"population {population!r} has room: limit (epsilon={limit.epsilon:g}, delta={limit.delta:g}), "
+        f"spent (epsilon={spent[0]:g}, delta={spent[1]:g}), requested (epsilon={request.epsilon:g}, "
+        f"delta={request.delta:g})",
+    )

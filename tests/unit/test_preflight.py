@@ -1,0 +1,79 @@
+"""Checks before a run (spark_jobs.preflight; Airflow's first two tasks, `person-dp validate` and
+`person-dp budget check`): input schema by the job's rules without Spark, ledger room without
+writing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dplib.budget import Budget
+from dplib.errors import BudgetExceededError, InputDataError
+from spark_jobs.config import parse_config
+from spark_jobs.ledger import Ledger
+from spark_jobs.preflight import check_input_schema, ledger_room
+
+
+def _cfg(tmp_path, path, fmt="parquet", column="user", limit=(10.0, 1e-4), **extra):
+    ledger = {"population": "users"}
+    if limit:
+        ledger["initial_limit"] = {"epsilon": limit[0], "delta": limit[1]}
+    return parse_config({
+        "job_name": "pre", "input": {"path": str(path), "format": fmt, **extra},
+        "privacy_unit": {"column": column}, "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "statistics": [{"name": "x_mean", "kind": "mean", "columns": ["x"], "share": 1.0, "options": {"scale": 2.0}}],
+        "output": {"path": str(tmp_path / "out")}, "ledger": ledger,
+    })
+
+
+def _frame(n=50):
+    rng = np.random.default_rng(0)
+    return pd.DataFrame({"user": [f"u{i % 7}" for i in range(n)], "x": rng.normal(size=n), "label": ["a"] * n})
+
+
+def test_parquet_schema_rules(tmp_path):
+    p = tmp_path / "d.parquet"
+    _frame().to_parquet(p)
+    assert "usable types" in check_input_schema(_cfg(tmp_path, p))
+    with pytest.raises(InputDataError, match=r"column 'who' not found in the input; it has \['label', 'user', 'x'\]"):
+        check_input_schema(_cfg(tmp_path, p, column="who"))
+    bad = _frame().assign(x=lambda d: d["label"])
+    bad.to_parquet(tmp_path / "bad.parquet")
+    with pytest.raises(InputDataError, match="value column 'x' has type string; expected a numeric type"):
+        check_input_schema(_cfg(tmp_path, tmp_path / "bad.parquet"))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pandas(_frame()).slice(0, 0), tmp_path / "empty.parquet")  # typed, no rows
+    with pytest.raises(InputDataError, match="holds no rows"):
+        check_input_schema(_cfg(tmp_path, tmp_path / "empty.parquet"))
+    with pytest.raises(InputDataError, match="cannot read input.path"):
+        check_input_schema(_cfg(tmp_path, tmp_path / "missing.parquet"))
+
+
+def test_csv_and_delta(tmp_path):
+    _frame().to_csv(tmp_path / "d.csv", sep=";", index=False)
+    assert "usable types" in check_input_schema(_cfg(tmp_path, tmp_path / "d.csv", "csv", csv_options={"sep": ";"}))
+    from deltalake import write_deltalake
+
+    write_deltalake(str(tmp_path / "delta"), _frame())
+    assert "usable types" in check_input_schema(_cfg(tmp_path, tmp_path / "delta", "delta"))
+
+
+def test_ledger_room_reads_and_never_writes(tmp_path):
+    p = tmp_path / "d.parquet"
+    _frame().to_parquet(p)
+    check = ledger_room(_cfg(tmp_path, p), "day-1")
+    assert check.requested == Budget(1.0, 1e-6) and not check.already_released and check.run_id.startswith("k-")
+    assert not (tmp_path / "out" / "privacy_ledger").exists()  # nothing written
+    with pytest.raises(BudgetExceededError, match=r"limit \(epsilon=0.5.*requested \(epsilon=1"):
+        ledger_room(_cfg(tmp_path, p, limit=(0.5, 1e-4)))
+    with pytest.raises(BudgetExceededError, match="no budget is set for population 'users'"):
+        ledger_room(_cfg(tmp_path, p, limit=None))
+    led = Ledger(str(tmp_path / "out" / "privacy_ledger"))
+    led.set_limit("users", Budget(1.5, 1e-4))
+    led.reserve("users", "earlier", "pre", Budget(1.0, 1e-6))
+    with pytest.raises(BudgetExceededError, match=r"spent \(epsilon=1, delta=1e-06\)"):
+        ledger_room(_cfg(tmp_path, p))  # the ledger's limit wins over initial_limit
+    assert led.population("users").spent_epsilon == pytest.approx(1.0)
