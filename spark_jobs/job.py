@@ -265,6 +265,42 @@ def released_run_ids(table_path: str, job_name: str) -> set[str]:
         return set()
 
 
+def _row(cfg, stat, run_id, lineage, created, noise, rel, *, estimand, algorithm, algorithm_version, estimate,
+         estimate_size, noise_scale, error_bar, parameters) -> ReleaseRow:
+    """One ``releases`` row: the run's lineage and config fields plus one statistic's release."""
+    return ReleaseRow(
+        run_id=run_id,
+        job_name=cfg.job_name,
+        dataset=cfg.input.dataset or cfg.input.path,
+        input_path=lineage.path,
+        input_format=lineage.format,
+        input_delta_version=lineage.delta_version,
+        input_fingerprint=lineage.fingerprint,
+        privacy_unit=cfg.privacy_unit.column,
+        statistic=stat.name,
+        kind=stat.kind,
+        columns=list(stat.columns),
+        estimand=estimand,
+        algorithm=algorithm,
+        algorithm_version=algorithm_version,
+        status=rel.status,
+        estimate=estimate,
+        estimate_shape=[estimate_size],
+        epsilon=rel.epsilon,
+        delta=rel.delta,
+        neighbouring="add/remove all records of one person",
+        noise_scale=noise_scale,
+        noise_source=noise.name,
+        error_bar=error_bar,
+        error_level=rel.error_level,
+        error_covers=rel.error_covers,
+        parameters=to_json(parameters),
+        config_hash=cfg.config_hash(),
+        code_version=__version__,
+        created_at=created,
+    )
+
+
 def _distribution_row(cfg, stat, plan: DistributionPlan, records, salt, noise, accountant, run_id, lineage, created) -> ReleaseRow:
     """Batches of one categorical column (one Spark plan, cached), the private estimator, one row."""
     from spark_jobs.batches import SparkBatchAggregates, person_batches
@@ -285,36 +321,16 @@ def _distribution_row(cfg, stat, plan: DistributionPlan, records, salt, noise, a
         rel = private_distribution(backend, plan, noise, accountant, f"{stat.name}: ")
     finally:
         batches.unpersist()
-    return ReleaseRow(
-        run_id=run_id,
-        job_name=cfg.job_name,
-        dataset=cfg.input.dataset or cfg.input.path,
-        input_path=lineage.path,
-        input_format=lineage.format,
-        input_delta_version=lineage.delta_version,
-        input_fingerprint=lineage.fingerprint,
-        privacy_unit=cfg.privacy_unit.column,
-        statistic=stat.name,
-        kind=stat.kind,
-        columns=list(stat.columns),
+    return _row(
+        cfg, stat, run_id, lineage, created, noise, rel,
         estimand=ESTIMAND_DISTRIBUTION.format(col=stat.columns[0], m=plan.m),
         algorithm=f"{DIST_ALGORITHM}-{plan.estimator}",
         algorithm_version=DIST_VERSION,
-        status=rel.status,
         estimate=[float(x) for x in rel.estimate],
-        estimate_shape=[plan.k],
-        epsilon=rel.epsilon,
-        delta=rel.delta,
-        neighbouring="add/remove all records of one person",
+        estimate_size=plan.k,
         noise_scale=float(rel.noise_scale),
-        noise_source=noise.name,
         error_bar=[float(x) for x in rel.error_bar],
-        error_level=rel.error_level,
-        error_covers=rel.error_covers,
-        parameters=to_json(rel.parameters),
-        config_hash=cfg.config_hash(),
-        code_version=__version__,
-        created_at=created,
+        parameters=rel.parameters,
     )
 
 
@@ -447,18 +463,8 @@ def run_job(
             log.info("statistic %s: %s", stat.name, rel.status)
             log.debug("statistic %s took %.1fs", stat.name, time.monotonic() - t1)
             rows.append(
-                ReleaseRow(
-                    run_id=run_id,
-                    job_name=cfg.job_name,
-                    dataset=cfg.input.dataset or cfg.input.path,
-                    input_path=lineage.path,
-                    input_format=lineage.format,
-                    input_delta_version=lineage.delta_version,
-                    input_fingerprint=lineage.fingerprint,
-                    privacy_unit=cfg.privacy_unit.column,
-                    statistic=stat.name,
-                    kind=stat.kind,
-                    columns=list(stat.columns),
+                _row(
+                    cfg, stat, run_id, lineage, created, noise, rel,
                     estimand=(
                         ESTIMAND_VECTOR.format(cols=", ".join(stat.columns))
                         if vector
@@ -466,23 +472,13 @@ def run_job(
                     ),
                     algorithm=algorithm,
                     algorithm_version=algorithm_version,
-                    status=rel.status,
                     estimate=None if rel.estimate is None else [float(x) for x in np.atleast_1d(rel.estimate)],
-                    estimate_shape=[len(stat.columns)],
-                    epsilon=rel.epsilon,
-                    delta=rel.delta,
-                    neighbouring="add/remove all records of one person",
+                    estimate_size=len(stat.columns),
                     # vectors: the largest per-coordinate noise sd (all in parameters.noise_sd)
                     noise_scale=None if rel.noise_scale is None else float(np.max(rel.noise_scale)),
-                    noise_source=noise.name,
                     # None: no honest bar
                     error_bar=None if rel.error_bar is None else [float(x) for x in np.atleast_1d(rel.error_bar)],
-                    error_level=rel.error_level,
-                    error_covers=rel.error_covers,
-                    parameters=to_json({**rel.parameters, **extra}),
-                    config_hash=cfg.config_hash(),
-                    code_version=__version__,
-                    created_at=created,
+                    parameters={**rel.parameters, **extra},
                 )
             )
         _crash_point("before_release_commit")
