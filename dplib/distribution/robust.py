@@ -32,6 +32,7 @@ from typing import Literal, Mapping
 
 import numpy as np
 
+from dplib.distribution.batches import check_batch_size
 from dplib.distribution.private import project_to_simplex
 from dplib.errors import DPError, InvalidParameterError
 
@@ -366,8 +367,6 @@ def majorizer_check(
     SolverError
         SDP path only.
     """
-    from dplib.distribution.batches import check_batch_size
-
     y, w = _check_points(y, weight)
     m = check_batch_size(m)
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
@@ -594,8 +593,6 @@ def subset_filter(
     Spec §4.3 (JO20b / Chen-Li-Moitra soft filtering), §2.6a, §2.7; Kamath, Majid, Moitra,
     Mouzakis, Ullman, Corollary 3.11 (heterogeneity), Lemma 2.11 (subset vs sign directions).
     """
-    from dplib.distribution.batches import check_batch_size
-
     m = check_batch_size(m)
     eta = _check_rate(eta, "eta", 0.0, 0.1, lo_open=True)
     omega = _check_rate(omega, "omega", 0.0, 1.0, lo_open=False)
