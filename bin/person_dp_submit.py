@@ -2,7 +2,7 @@
 
     spark-submit --master local-cluster[2,1,1024] \
         --py-files build/dist/person_dp.zip \
-        --packages io.delta:delta-spark_4.2_2.13:4.4.0 \
+        --jars "$(.venv/bin/person-dp spark-jars)" \
         bin/person_dp_submit.py run --config conf/examples/flights.yaml --run-id 2026-11-29
 
 It only calls :func:`spark_jobs.cli.main` (imported from the zip given with ``--py-files`` or from

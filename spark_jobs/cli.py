@@ -20,6 +20,7 @@ import logging
 import sys
 
 from dplib.errors import DPError
+from spark_jobs.query import coordinate_labels
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -32,7 +33,10 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _print_release(result) -> None:
-    print(f"\nrun {result.run_id}: {len(result.rows)} statistic(s) released to the Delta table")
+    if result.reused:
+        print(f"\nrun {result.run_id} had already released: the stored release, nothing spent now")
+    else:
+        print(f"\nrun {result.run_id}: {len(result.rows)} statistic(s) released to the Delta table")
     print(f"  {result.table_path}")
     print(f"  composed cost: epsilon={result.epsilon_spent:.6g}, delta={result.delta_spent:.3g}"
           " (add/remove one person)\n")
@@ -45,7 +49,7 @@ def _print_release(result) -> None:
             else:
                 print(f"  {r.statistic}:")
                 # a distribution's coordinates are its public categories (+ OTHER)
-                labels = json.loads(r.parameters).get("categories") if r.kind == "distribution" else r.columns
+                labels = coordinate_labels(r)
                 for j, (col, est) in enumerate(zip(labels, r.estimate)):
                     bar = "" if r.error_bar is None else f" +/- {r.error_bar[j]:.4f}"
                     print(f"      {col}: {est:.4f}{bar}")

@@ -419,6 +419,18 @@ class JobConfig(_Frozen):
         blob = json.dumps([self.job_name, str(run_key), self.release_hash()]).encode()
         return "k-" + hashlib.sha256(blob).hexdigest()[:32]
 
+    def categorical_columns(self) -> list[str]:
+        """Every column a distribution statistic reads (its category column and record-label
+        columns), in order of first use; any type (values are matched as strings)."""
+        out: list[str] = []
+        for s in self.statistics:
+            if s.kind != "distribution":
+                continue
+            for c in list(s.columns) + list(s.options.record_label_columns or []):
+                if c not in out:
+                    out.append(c)
+        return out
+
     def value_columns(self) -> list[str]:
         """Every numeric value column a mean statistic reads, in order of first use."""
         out: list[str] = []

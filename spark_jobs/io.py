@@ -116,3 +116,10 @@ def lineage(spark, df, path: str, fmt: str) -> Lineage:
             st = os.stat(parsed.path)
             h.update(f":{int(st.st_mtime)}".encode())
     return Lineage(path, fmt, None, h.hexdigest()[:32])
+
+
+def check_columns_present(present, needed) -> None:
+    """Raise InputDataError naming the first of ``needed`` the input does not have."""
+    for col in needed:
+        if col not in present:
+            raise InputDataError(f"column {col!r} not found in the input; it has {sorted(present)}")

@@ -410,12 +410,7 @@ def run_job(
     input_path = sio.absolute(cfg.input.path)
     records = sio.read_records(spark, input_path, cfg.input.format, cfg.input.csv_options)
     sio.validate_schema(records, cfg.privacy_unit.column, columns, cfg.input.format)
-    for stat in cfg.statistics:
-        if stat.kind == "distribution":
-            needed = list(stat.columns) + list(stat.options.record_label_columns or [])
-            for col in needed:
-                if col not in records.columns:
-                    raise InputDataError(f"column {col!r} not found in the input; it has {sorted(records.columns)}")
+    sio.check_columns_present(records.columns, cfg.categorical_columns())
     sio.check_not_empty(records, cfg.input.path)
     lineage = sio.lineage(spark, records, input_path, cfg.input.format)
     log.info("input validated (%s, %s)", cfg.input.path, cfg.input.format)

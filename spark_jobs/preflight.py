@@ -82,9 +82,11 @@ def check_input_schema(cfg: JobConfig) -> str:
     frame = _Schema()
     frame.schema = spark_schema
     sio.validate_schema(frame, cfg.privacy_unit.column, cfg.value_columns(), fmt)
+    sio.check_columns_present(spark_schema.names, cfg.categorical_columns())
     if dataset.head(1).num_rows == 0:
         raise InputDataError(f"input.path {cfg.input.path!r} holds no rows")
-    return f"input {cfg.input.path} ({fmt}): columns {[cfg.privacy_unit.column] + cfg.value_columns()} present with usable types"
+    cols = [cfg.privacy_unit.column] + cfg.value_columns() + cfg.categorical_columns()
+    return f"input {cfg.input.path} ({fmt}): columns {cols} present with usable types"
 
 
 @dataclass(frozen=True)

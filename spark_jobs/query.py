@@ -109,6 +109,17 @@ def budget_rows(ledger_path: str) -> tuple[list[dict], list[dict]]:
     return pops, entries
 
 
+def coordinate_labels(r) -> list[str]:
+    """Names of a release's coordinates: a distribution's public categories (+ OTHER), else the
+    columns. ``r`` is a release row (dict or ReleaseRow)."""
+    get = r.get if isinstance(r, dict) else lambda k: getattr(r, k)
+    if get("kind") == "distribution":
+        cats = json.loads(get("parameters")).get("categories")
+        if cats and len(cats) == len(get("estimate") or []):
+            return list(cats)
+    return list(get("columns"))
+
+
 def _section(r: dict, png: Path) -> str:
     return (
         f"<section><h2>{html.escape(r['statistic'])}</h2><img src='{png.name}' alt='{html.escape(r['statistic'])}'>"
@@ -145,7 +156,7 @@ def write_report(table: str, out_dir: str, run_id: str | None = None) -> Path:
             ys = list(range(len(r["estimate"])))
             bars = r["error_bar"] or [0.0] * len(ys)
             ax.errorbar(r["estimate"], ys, xerr=[bars, bars], fmt="o", capsize=6, color="#1f5fa8")
-            ax.set_yticks(ys, [f"{c}: {e:.4g}" for c, e in zip(r["columns"], r["estimate"])])
+            ax.set_yticks(ys, [f"{c}: {e:.4g}" for c, e in zip(coordinate_labels(r), r["estimate"])])
             ax.set_title(f"{r['statistic']} ({int(r['error_level'] * 100)}% bars)", fontsize=10)
             ax.set_xlabel("data units")
             fig.tight_layout()

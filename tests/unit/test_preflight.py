@@ -77,3 +77,35 @@ def test_ledger_room_reads_and_never_writes(tmp_path):
     with pytest.raises(BudgetExceededError, match=r"spent \(epsilon=1, delta=1e-06\)"):
         ledger_room(_cfg(tmp_path, p))  # the ledger's limit wins over initial_limit
     assert led.population("users").spent_epsilon == pytest.approx(1.0)
+
+
+def test_distribution_columns_are_checked(tmp_path):
+    """New-user trial regression: a distribution statistic's category column was not checked."""
+    p = tmp_path / "d.parquet"
+    _frame().to_parquet(p)
+
+    def cfg(column):
+        return parse_config({
+            "job_name": "pre", "input": {"path": str(p), "format": "parquet"},
+            "privacy_unit": {"column": "user"}, "budget": {"epsilon": 1.0, "delta": 1e-6},
+            "statistics": [{"name": "lab", "kind": "distribution", "columns": [column], "share": 1.0,
+                            "options": {"categories": ["a", "b"], "m": 2}}],
+            "output": {"path": str(tmp_path / "out")}, "ledger": {"enabled": False},
+        })
+
+    assert "'label'" in check_input_schema(cfg("label"))
+    with pytest.raises(InputDataError, match=r"column 'lbl' not found in the input; it has \['label', 'user', 'x'\]"):
+        check_input_schema(cfg("lbl"))
+
+
+def test_coordinate_labels_of_a_distribution_release():
+    """New-user trial regression: the report labelled a distribution's k values with its one column."""
+    import json
+
+    from spark_jobs.query import coordinate_labels
+
+    dist = {"kind": "distribution", "columns": ["dest"], "estimate": [0.5, 0.3, 0.2],
+            "parameters": json.dumps({"categories": ["ATL", "ORD", "OTHER"]})}
+    assert coordinate_labels(dist) == ["ATL", "ORD", "OTHER"]
+    vec = {"kind": "multivariate_mean", "columns": ["a", "b"], "estimate": [1.0, 2.0], "parameters": "{}"}
+    assert coordinate_labels(vec) == ["a", "b"]
