@@ -262,6 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     except (DPError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`person-dp budget show | head`): stop quietly, as Unix tools do
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":  # spark-submit spark_jobs/cli.py run --config ...

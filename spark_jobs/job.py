@@ -266,8 +266,13 @@ def released_run_ids(table_path: str, job_name: str) -> set[str]:
 
 
 def _row(cfg, stat, run_id, lineage, created, noise, rel, *, estimand, algorithm, algorithm_version, estimate,
-         estimate_size, noise_scale, error_bar, parameters) -> ReleaseRow:
-    """One ``releases`` row: the run's lineage and config fields plus one statistic's release."""
+         estimate_size, noise_scale, error_bar, parameters, run_key=None) -> ReleaseRow:
+    """One ``releases`` row: the run's lineage and config fields plus one statistic's release.
+
+    ``run_key`` (the caller's idempotency key, e.g. Airflow's run id; public) goes into the
+    parameters, so that a release can be found from the key as well as from its hashed run id."""
+    if run_key is not None:
+        parameters = {**parameters, "run_key": run_key}
     return ReleaseRow(
         run_id=run_id,
         job_name=cfg.job_name,
@@ -301,7 +306,9 @@ def _row(cfg, stat, run_id, lineage, created, noise, rel, *, estimand, algorithm
     )
 
 
-def _distribution_row(cfg, stat, plan: DistributionPlan, records, salt, noise, accountant, run_id, lineage, created) -> ReleaseRow:
+def _distribution_row(
+    cfg, stat, plan: DistributionPlan, records, salt, noise, accountant, run_id, lineage, created, run_key=None
+) -> ReleaseRow:
     """Batches of one categorical column (one Spark plan, cached), the private estimator, one row."""
     from spark_jobs.batches import SparkBatchAggregates, person_batches
 
@@ -331,6 +338,7 @@ def _distribution_row(cfg, stat, plan: DistributionPlan, records, salt, noise, a
         noise_scale=float(rel.noise_scale),
         error_bar=[float(x) for x in rel.error_bar],
         parameters=rel.parameters,
+        run_key=run_key,
     )
 
 
@@ -383,6 +391,7 @@ def run_job(
     job_plan = plan_job(cfg)
     noise = noise if noise is not None else production_noise()
     keyed = run_id is not None
+    run_key = run_id  # the caller's key (e.g. Airflow's run id): public, kept in the release
     run_id = cfg.run_id_for(run_id) if keyed else str(uuid.uuid4())
     log.info("run %s: plan checked, cost epsilon=%.6g delta=%.3g", run_id, *job_plan.cost)
     output_path = sio_absolute(cfg.output.path)
@@ -443,7 +452,7 @@ def run_job(
             if isinstance(plan, DistributionPlan):
                 rows.append(
                     _distribution_row(
-                        cfg, stat, plan, records, salt, noise, accountant, run_id, lineage, created
+                        cfg, stat, plan, records, salt, noise, accountant, run_id, lineage, created, run_key
                     )
                 )
                 log.info("statistic %s: %s", stat.name, rows[-1].status)
@@ -474,6 +483,7 @@ def run_job(
                     # None: no honest bar
                     error_bar=None if rel.error_bar is None else [float(x) for x in np.atleast_1d(rel.error_bar)],
                     parameters={**rel.parameters, **extra},
+                    run_key=run_key,
                 )
             )
         _crash_point("before_release_commit")

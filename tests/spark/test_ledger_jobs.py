@@ -53,6 +53,8 @@ def test_keyed_run_spends_once_unkeyed_twice(spark, tmp_path):
     again = run_job(cfg, spark=spark, noise=SeededNoise(2), run_id="2026-11-29")
     assert again.reused and again.run_id == first.run_id
     assert again.rows[0].estimate == first.rows[0].estimate  # the stored release, not new noise
+    # the caller's key is kept in the release (find "the release of Airflow run X" by its run id)
+    assert json.loads(first.rows[0].parameters)["run_key"] == "2026-11-29"
     led = _ledger(tmp_path)
     assert led.population("events-users").spent_epsilon == pytest.approx(1.0)
     run_job(cfg, spark=spark, noise=SeededNoise(3))
