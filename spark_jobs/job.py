@@ -41,7 +41,6 @@ from dplib.distribution.private import ALGORITHM_VERSION as DIST_VERSION
 from dplib.distribution.private import ESTIMATOR_NAMES, DistributionPlan, private_distribution
 from dplib.mechanisms import NoiseSource, production_noise
 from spark_jobs import __version__
-from dplib.errors import InputDataError
 from spark_jobs.config import JobConfig, StatisticConfig
 from spark_jobs.release import ReleaseRow, to_json, write_releases
 

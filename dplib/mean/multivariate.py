@@ -52,13 +52,7 @@ from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.params import bin_width_constant, check_moment_order, check_records_per_person
-from dplib.mean.ranges import (
-    FLOOR_BETA,
-    QUARTER_OCTAVE,
-    deviation_profile_from_counts,
-    magnitude_range_from_counts,
-    guarded_quantile,
-)
+from dplib.mean.ranges import FLOOR_BETA, magnitude_range_from_counts
 from dplib.mechanisms import NoiseSource, clamp_exact, gaussian_mechanism, gaussian_sigma, inflate, laplace_mechanism
 from dplib.mechanisms.histograms import pure_dp_histogram, thresholded_histogram
 
@@ -561,7 +555,7 @@ def coarse_estimate(
     noise: NoiseSource,
     bin_widths: Sequence[float],
     offsets: Sequence[float],
-) -> tuple[np.ndarray, float] | None:
+) -> np.ndarray | None:
     """CoarseEstimate (spec §2.4; Theorem 4.19): d thresholded histograms on one group.
 
     One backend pass returns the d exact histograms; each gets the stability histogram
@@ -570,7 +564,7 @@ def coarse_estimate(
 
     Returns
     -------
-    (u0 of shape (d,) in data units, DP estimate of the group's persons) or None (some
+    u0 of shape (d,) in data units, or None (some
     coordinate released no bin: the paper's bottom).
 
     Privacy
@@ -580,16 +574,14 @@ def coarse_estimate(
     eps_j, delta_j = coordinate_budget(budget.epsilon, budget.delta, len(columns))
     exact = backend.histograms(columns, bin_widths, offsets, group)
     u0 = np.empty(len(columns))
-    totals = []
     for j, (counts, w, off) in enumerate(zip(exact, bin_widths, offsets)):
         released, _, _ = thresholded_histogram(counts, eps_j, delta_j, noise)
         if not released:
             return None
         j_star = max(released, key=lambda b: (released[b], -b))
         u0[j] = off + (j_star + 0.5) * w
-        totals.append(sum(max(v, 0.0) for v in released.values()))
     del exact
-    return u0, float(np.median(totals))
+    return u0
 
 
 
@@ -802,7 +794,7 @@ def multivariate_person_mean(
                 "a coarse histogram released no bin (too few persons for this budget and d, or the "
                 "declared scales are far too small)"
             )
-        u0, _ = out
+        u0 = out
         r0 = coarse_error_bound(widths / scales)
     else:
         charge(STAGE_RANGES)
@@ -826,7 +818,7 @@ def multivariate_person_mean(
         out = coarse_estimate(backend, columns, groups[STAGE_COARSE], budgets[STAGE_COARSE], noise, widths, lowers)
         if out is None:
             return insufficient("a coarse histogram released no bin (too few persons for this budget and d)")
-        u0, _ = out
+        u0 = out
         # rough scales for the TCN: the coarse bin widths (person-mean units; x sqrt(m) in iid mode)
         scales = widths * sqrt_m
         r0 = coarse_error_bound(widths / scales)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dplib.aggregates import VALUE_BOUND, NumpyAggregates
-from dplib.budget import Accountant, Budget, Charge, composed_cost
+from dplib.budget import Accountant, Budget, Charge
 from dplib.errors import InvalidParameterError
 from dplib.groups import HASH_SPACE, GroupRange
 from dplib.mean.params import bin_width_constant, check_moment_order, check_positive, check_records_per_person
@@ -270,6 +270,19 @@ def _direction(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, float]:
     return diff / dist, dist
 
 
+def _comparison_setup(Y, p, q, rho, K, groups):
+    """Validated inputs shared by :func:`compare` and :func:`comparison_cost`: the persons, p,
+    rho, K, the group labels, the unit direction p -> q and the quantised midpoint."""
+    Y = _check_persons(Y)
+    n, d = Y.shape
+    p, q = _check_point(p, d, "p"), _check_point(q, d, "q")
+    rho = check_positive(rho, "rho")
+    K = _check_k_groups(K)
+    labels = _check_groups(groups, n, K)
+    w, dist = _direction(p, q)
+    return Y, p, rho, K, labels, w, _quantized_mid(np.array([dist]), rho)
+
+
 def compare(Y, p, q, rho: float, K: int, groups=None) -> bool:
     """Algorithm 5, ``Compare(X; p, q, rho, K)``: True iff p wins.
 
@@ -306,14 +319,7 @@ def compare(Y, p, q, rho: float, K: int, groups=None) -> bool:
     ----------
     Agarwal et al. 2024, Algorithm 5, Lemmas 5.1-5.4; spec §2.8.
     """
-    Y = _check_persons(Y)
-    n, d = Y.shape
-    p, q = _check_point(p, d, "p"), _check_point(q, d, "q")
-    rho = check_positive(rho, "rho")
-    K = _check_k_groups(K)
-    labels = _check_groups(groups, n, K)
-    w, dist = _direction(p, q)
-    mid_q = _quantized_mid(np.array([dist]), rho)
+    Y, p, rho, K, labels, w, mid_q = _comparison_setup(Y, p, q, rho, K, groups)
     if mid_q[0] >= _Q:
         return True  # q's midpoint is beyond p0 + rho: no group mean can pass it
     zq = _quantized_deviations(Y, p, w[None, :], rho)[:, 0]
@@ -339,14 +345,7 @@ def comparison_cost(Y, p, q, rho: float, K: int, groups=None) -> float:
         A non-negative integer value, or ``math.inf`` when q cannot win whatever the data
         (``||q - p|| / 2 >= rho``).
     """
-    Y = _check_persons(Y)
-    n, d = Y.shape
-    p, q = _check_point(p, d, "p"), _check_point(q, d, "q")
-    rho = check_positive(rho, "rho")
-    K = _check_k_groups(K)
-    labels = _check_groups(groups, n, K)
-    w, dist = _direction(p, q)
-    mid_q = _quantized_mid(np.array([dist]), rho)
+    Y, p, rho, K, labels, w, mid_q = _comparison_setup(Y, p, q, rho, K, groups)
     if mid_q[0] >= _Q:
         return math.inf
     zq = _quantized_deviations(Y, p, w[None, :], rho)

@@ -90,6 +90,16 @@ def smallest_window(intervals: list[tuple[float, float]], weights: list[float], 
     return best
 
 
+def _check_range_args(q: float, delta: float, exponent_range: tuple[int, int], octaves: int) -> None:
+    if not (0.5 <= q < 1.0):
+        raise InvalidParameterError(f"q must be in [0.5, 1), got {q!r}")
+    if isinstance(octaves, bool) or not isinstance(octaves, int) or octaves < 1:
+        raise InvalidParameterError(f"octaves must be an integer >= 1, got {octaves!r}")
+    e_min, e_max = exponent_range
+    if delta == 0 and not (MIN_EXPONENT < e_min < e_max < 997):
+        raise InvalidParameterError(f"exponent_range must satisfy {MIN_EXPONENT} < lo < hi < 997, got {exponent_range!r}")
+
+
 def magnitude_range(
     backend: Aggregates,
     column: str,
@@ -127,13 +137,7 @@ def magnitude_range(
     -------
     (epsilon, delta)-DP under add/remove (each person in one bucket).
     """
-    if not (0.5 <= q < 1.0):
-        raise InvalidParameterError(f"q must be in [0.5, 1), got {q!r}")
-    if isinstance(octaves, bool) or not isinstance(octaves, int) or octaves < 1:
-        raise InvalidParameterError(f"octaves must be an integer >= 1, got {octaves!r}")
-    e_min, e_max = exponent_range
-    if delta == 0 and not (MIN_EXPONENT < e_min < e_max < 997):
-        raise InvalidParameterError(f"exponent_range must satisfy {MIN_EXPONENT} < lo < hi < 997, got {exponent_range!r}")
+    _check_range_args(q, delta, exponent_range, octaves)  # before the backend is asked anything
     exact = backend.log_histogram(column, 0.0, group)
     return magnitude_range_from_counts(exact, epsilon, delta, noise, q, exponent_range, octaves)
 
@@ -152,13 +156,8 @@ def magnitude_range_from_counts(
     The caller passes the backend's exact counts (e.g. one column of
     ``Aggregates.log_histograms``); they are noised here and never returned.
     """
-    if not (0.5 <= q < 1.0):
-        raise InvalidParameterError(f"q must be in [0.5, 1), got {q!r}")
-    if isinstance(octaves, bool) or not isinstance(octaves, int) or octaves < 1:
-        raise InvalidParameterError(f"octaves must be an integer >= 1, got {octaves!r}")
+    _check_range_args(q, delta, exponent_range, octaves)
     e_min, e_max = exponent_range
-    if delta == 0 and not (MIN_EXPONENT < e_min < e_max < 997):
-        raise InvalidParameterError(f"exponent_range must satisfy {MIN_EXPONENT} < lo < hi < 997, got {exponent_range!r}")
     e_base = e_min if delta == 0 else 0
     # Merge exponents into buckets of `octaves` octaves (a per-person transform of exact counts,
     # before any noise): fewer, fuller buckets, so the threshold is passed with fewer persons.
@@ -285,9 +284,6 @@ def deviation_profile(
     """
     if not (0 < low < high and math.isfinite(high)):
         raise InvalidParameterError(f"need 0 < low < high < inf, got {low!r}, {high!r}")
-    e_lo = max(int(math.floor(math.log2(low))), MIN_EXPONENT + 1)
-    e_hi = min(int(math.ceil(math.log2(high))), 996)
-    n_sub = len(QUARTER_OCTAVE) + 1
     counts = backend.log_histogram(column, center, group, QUARTER_OCTAVE)
     return deviation_profile_from_counts(counts, epsilon, noise, low, high)
 

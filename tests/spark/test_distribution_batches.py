@@ -101,7 +101,7 @@ def test_default_label_is_every_column_and_unknown_is_other(spark, frame):
     twin = NumpyBatches([r["pid"] for r in rows], [r["dest"] for r in rows], _labels(rows, ["pid", "dest", "flight"]), CATS, m, SALT)
     assert sorted(tuple(r["counts"]) for r in batches) == sorted(tuple(int(x) for x in c) for c in twin.counts)
     # categories never come from the data: a list naming none of the values puts all in OTHER
-    only_other = person_batches(df, "pid", "dest", ["XXX"], m, SALT, null_values=[]).collect()
+    only_other = person_batches(df, "pid", "dest", ["NO_SUCH_AIRPORT"], m, SALT, null_values=[]).collect()
     assert {tuple(r["counts"]) for r in only_other} == {(0, 1)}
 
 

@@ -46,7 +46,6 @@ from dplib.mean.multivariate import (
     STAGE_COUNT,
     STAGE_FINAL,
     STAGE_RANGES,
-    STAGE_SCALES,
     STAGE_TCN,
     STATUS_INSUFFICIENT,
     STATUS_OK,

@@ -17,7 +17,6 @@ import pytest
 from dplib.budget import Accountant, Budget, composed_cost
 from dplib.errors import BudgetExceededError, InvalidParameterError
 from dplib.groups import group_index
-from dplib.mean import pure_reference as pr
 from dplib.mean.pure_reference import (
     compare,
     comparison_cost,
