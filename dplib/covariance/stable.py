@@ -36,6 +36,8 @@ RCOND_SINGULAR = 1e-10
 
 def factor_or_none(matrix: np.ndarray) -> np.ndarray | None:
     """Lower Cholesky factor of a symmetric matrix, or None if it is (numerically) singular."""
+    if matrix is None:
+        return None
     g = np.asarray(matrix, dtype=np.float64)
     diag = np.diag(g)
     if not np.all(np.isfinite(g)) or np.any(diag <= 0.0):
