@@ -218,3 +218,15 @@ def test_private_covariance_and_gaussian_run_end_to_end():
     it = g.diagnostics.internals
     assert it["score1"] == it["score2"] == it["score_cov"] == 0
     np.testing.assert_allclose(it["sigma_hat_cov"], it["sigma_hat"], rtol=1e-10)  # same pairs, weights 1/m
+
+
+def test_released_mean_is_affine_equivariant_with_shared_randomness():
+    # chol(B S B^T) = B chol(S) for lower-triangular B with a positive diagonal, so the same
+    # normals give mu_tilde(Bx + b) = B mu_tilde(x) + b
+    plan, x = _mean_setup(seed=6)
+    B = np.array([[1e3, 0.0, 0.0], [-2.0, 1e-2, 0.0], [5.0, 7.0, 30.0]])
+    b = np.array([1e4, -3.0, 0.5])
+    r1 = private_mean(numpy_backend(x, SALT), plan, SeededNoise(21)).release
+    r2 = private_mean(numpy_backend(x @ B.T + b, SALT), plan, SeededNoise(21)).release
+    assert r1.status == r2.status == "OK"
+    np.testing.assert_allclose(r2.mean, B @ r1.mean + b, rtol=1e-9, atol=1e-6)
