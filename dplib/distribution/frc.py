@@ -361,6 +361,8 @@ class FRC:
                 failures.append(str(exc))
                 continue
             upper = self.primal_upper(v, om.value, lam.value)
+            if upper is None:  # the trivial certificate: discard everything (always feasible)
+                upper = self.primal_upper(v, np.zeros(self.y.shape[0]), np.full(self.k, self.tau / self.k))
             if upper is None:
                 failures.append(f"{solver}: primal point not verified")
                 continue
