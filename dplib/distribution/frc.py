@@ -33,6 +33,7 @@ float rounding bounded by explicit margins. Neither bound trusts the solver's to
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
@@ -57,6 +58,10 @@ TAU_SLACK = 1e-6
 #: Shrink factors tried on the solver's kept fractions until the LMI verifies (spec §3.7: "exact
 #: eigenvalue check of the LMI after a tiny shrink").
 SHRINKS = (0.0, 1e-7, 1e-6, 1e-5, 1e-4)
+#: Kept fractions below these floors are also tried at 0 (the solver leaves ~1e-10 on batches
+#: that the repair constraint excludes at a face of the simplex; dropping kept mass is again a
+#: move into the repair atom).
+KEEP_FLOORS = (0.0, 1e-9, 1e-7)
 #: Solvers tried in order by :meth:`FRC.certify` (spec §5: Clarabel for P3; SCS as the retry).
 CERTIFY_SOLVERS = ("CLARABEL", "SCS")
 _EPS = float(np.finfo(np.float64).eps)
@@ -258,7 +263,8 @@ class FRC:
         """Verified upper bound on ``d*(nu)`` from a candidate ``(keep, lam)``, or None.
 
         ``lam`` is raised uniformly to use the whole budget ``tau``; ``keep`` is clipped to
-        [0, 1] and shrunk by the factors of :data:`SHRINKS` (moving kept mass into the repair
+        [0, 1], its entries below a floor of :data:`KEEP_FLOORS` zeroed, and it is shrunk by
+        the factors of :data:`SHRINKS` (moving kept mass into the repair
         atom never increases the covariance, spec §2.6b) until every constraint holds with a
         margin of :data:`REL_MARGIN` times its terms' magnitude: ``d > 0`` and the Schur
         complement ``Diag(lam) + Sigma(nu) - A - s s^T / d`` has its smallest eigenvalue above
@@ -273,9 +279,9 @@ class FRC:
             return None
         sig = sigma_matrix(nu, self.m)
         z = self.y - nu[None, :]
-        base = np.clip(np.asarray(keep, dtype=np.float64), 0.0, 1.0)
-        for shrink in SHRINKS:
-            x = self.a * base * (1.0 - shrink)
+        clipped = np.clip(np.asarray(keep, dtype=np.float64), 0.0, 1.0)
+        for floor, shrink in itertools.product(KEEP_FLOORS, SHRINKS):
+            x = self.a * np.where(clipped < floor, 0.0, clipped) * (1.0 - shrink)
             d = 1.0 - math.fsum(x)
             if not d > 8.0 * REL_MARGIN:
                 continue
