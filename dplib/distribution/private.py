@@ -428,8 +428,8 @@ class DistributionRelease:
     estimate: np.ndarray
     categories: list[str]
     error_bar: np.ndarray | None
-    error_level: float | None
-    error_covers: str | None
+    error_level: float
+    error_covers: str
     noise_scale: float | None
     epsilon: float
     delta: float
@@ -513,7 +513,9 @@ def private_distribution(
         estimate, p3_params = p3_release(backend, plan, noise, charge)
         params.update(p3_params)
         eps, delta = composed_cost(accountant.charges[start:])
-        return DistributionRelease(STATUS_OK, estimate, names, None, None, None, None, eps, delta, params)
+        covers = ("no error bar: the exponential mechanism has no per-coordinate noise scale (the output is a "
+                  "grid point; grid step 1/G and the closeness radius alpha bound its resolution)")
+        return DistributionRelease(STATUS_OK, estimate, names, None, ERROR_LEVEL, covers, None, eps, delta, params)
     if plan.estimator == "P0":
         charge(STAGE_POOLED)
         rel = pooled_laplace(backend, groups[STAGE_POOLED], budgets[STAGE_POOLED].epsilon, noise)
