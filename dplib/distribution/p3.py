@@ -38,7 +38,6 @@ from typing import Mapping
 import numpy as np
 
 from dplib.distribution.frc import FRC, tau_cov
-from dplib.distribution.robust import SolverError
 from dplib.errors import InvalidParameterError
 from dplib.mean.pure_reference import exponential_mechanism_probabilities, sample_exponential_mechanism
 from dplib.mechanisms import NoiseSource
