@@ -6,4 +6,8 @@
   Laplace around a private centre), P2 (l2-clipped Gaussian around a private centre).
 - :mod:`dplib.distribution.robust`: non-private robust building blocks for trusted analysis
   (subset maximisation, majorizer check, subset-direction soft filter); never released.
+- :mod:`dplib.distribution.frc`: the fractional-repair certificate with verified brackets and
+  the CCP search (non-private; P3's score).
+- :mod:`dplib.distribution.p3`: P3, the pure-DP exponential mechanism on a simplex grid with
+  the certified FRC score, on exactly n0 persons (:mod:`dplib.fixed_n`).
 """

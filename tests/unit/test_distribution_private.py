@@ -205,7 +205,7 @@ def test_plan_costs_and_boundary():
         ({"categories": ("A", "A")}, "categories"),
         ({"m": 0}, "m "),
         ({"m": 2.5}, "m "),
-        ({"estimator": "P3"}, "estimator"),
+        ({"estimator": "P4"}, "estimator"),
         ({"estimator": "P2"}, "delta"),
         ({"eta": 0.7}, "eta"),
         ({"omega": -0.1}, "omega"),
