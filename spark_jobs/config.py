@@ -170,8 +170,12 @@ class DistributionOptions(_Frozen):
     probability in the radii (P3: of n0 and tau_cov's null term). ``eta``, ``omega``:
     corruption bound and heterogeneity radius, **unused by P0-P2**; P3's trimming level
     (default from alpha and m) and heterogeneity allowance. ``alpha`` (P3, default 0.06):
-    closeness radius (l1); ``grid_resolution`` (P3): G, default ceil(2k/alpha); both public and
-    fixed (the grid is never chosen from the data). ``record_label_columns``:
+    accuracy target (l1) that sets the grid G = ceil(2k/alpha) and eta_priv;
+    ``grid_resolution`` (P3): G, overrides the default; ``closeness_radius`` (P3, default 0):
+    l1 radius of the score's neighbourhood minimum (0 = none; one grid step is 2/G; the spec's
+    alpha flattens the score and costs accuracy, benchmarks/README.md); ``p3_count_share``
+    (P3, default 0.1): share of epsilon spent on the DP count n0. All public and fixed (the grid
+    is never chosen from the data). ``record_label_columns``:
     the columns that name a record in the sampling order (default: every column of the input;
     the category column is always added, so the draws cannot depend on the category).
     """
@@ -184,6 +188,8 @@ class DistributionOptions(_Frozen):
     omega: float | None = None
     alpha: float = 0.06
     grid_resolution: int | None = None
+    closeness_radius: float = 0.0
+    p3_count_share: float = 0.1
     record_label_columns: tuple[str, ...] | None = None
 
     @field_validator("alpha")
@@ -191,6 +197,20 @@ class DistributionOptions(_Frozen):
     def _alpha(cls, v: float) -> float:
         if not (math.isfinite(v) and 0.0 < v <= 2.0):
             raise ValueError(f"must be in (0, 2] (l1 closeness radius of P3; got {v!r})")
+        return v
+
+    @field_validator("closeness_radius")
+    @classmethod
+    def _radius(cls, v: float) -> float:
+        if not (math.isfinite(v) and 0.0 <= v <= 2.0):
+            raise ValueError(f"must be in [0, 2] (l1 closeness radius of P3, 0 = none; got {v!r})")
+        return v
+
+    @field_validator("p3_count_share")
+    @classmethod
+    def _share(cls, v: float) -> float:
+        if not (math.isfinite(v) and 0.0 < v < 1.0):
+            raise ValueError(f"must be in (0, 1) (P3's share of epsilon for the count n0; got {v!r})")
         return v
 
     @field_validator("grid_resolution")
@@ -203,15 +223,17 @@ class DistributionOptions(_Frozen):
     @model_validator(mode="after")
     def _p3(self) -> "DistributionOptions":
         if self.estimator != "P3":
-            if self.grid_resolution is not None:
-                raise ValueError("grid_resolution is for estimator P3")
+            for name in ("grid_resolution", "closeness_radius", "p3_count_share"):
+                if name in self.model_fields_set:
+                    raise ValueError(f"{name} is for estimator P3")
             return self
         from dplib.distribution.p3 import p3_setup
 
         if self.beta >= 0.5:
             raise ValueError(f"beta must be < 0.5 for estimator P3 (got {self.beta!r})")
         try:
-            p3_setup(len(self.categories) + 1, self.m, 1, self.alpha, self.grid_resolution, self.eta, self.omega, self.beta)
+            p3_setup(len(self.categories) + 1, self.m, 1, self.alpha, self.grid_resolution, self.eta, self.omega, self.beta,
+                     closeness_radius=self.closeness_radius)
         except Exception as err:  # InvalidParameterError -> a config error naming the option
             raise ValueError(f"estimator P3: {err}") from err
         return self

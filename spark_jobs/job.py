@@ -95,6 +95,8 @@ def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
             budget_mode=cfg.budget.budget_mode,
             alpha=opts.alpha,
             grid_resolution=opts.grid_resolution,
+            closeness_radius=opts.closeness_radius,
+            p3_count_share=opts.p3_count_share,
         )
     if stat.kind == "multivariate_mean":
         return MultivariateMeanPlan(
@@ -173,7 +175,8 @@ class JobPlan:
                 lines.append(
                     f"  {name}: distribution over k={p.k} public categories (+ OTHER last), m={p.m} draws per person "
                     f"(fewer: person left out), estimator P3: {ESTIMATOR_NAMES['P3']}; grid G={G} "
-                    f"({grid_size(p.k, G)} points), alpha={p.alpha:g}; exactly n0 persons (DP lower bound, "
+                    f"({grid_size(p.k, G)} points), alpha={p.alpha:g}, closeness radius={p.closeness_radius:g}, "
+                    f"count share={p.p3_count_share:g}; exactly n0 persons (DP lower bound, "
                     f"keyed-hash rank, padded with all-OTHER batches)"
                 )
             elif isinstance(p, DistributionPlan):

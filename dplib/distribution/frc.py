@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Mapping, Sequence
 
 import numpy as np
@@ -129,11 +129,15 @@ class FRCSolution:
 class CertifiedDiscard:
     """Verified bracket ``lower <= d* <= upper`` of the exact minimal discard at ``nu``
     (fractions of the batches; multiply by ``n`` for batch units). ``solver`` names the solver
-    whose primal and dual points gave it."""
+    whose primal and dual points gave it; ``dual`` is that dual point ``(u, kappa, Z)`` (the
+    arguments of :meth:`FRC.dual_lower`, which turns it into a verified lower bound at **any**
+    candidate mean: weak duality holds for every dual point, so it also bounds the discard at
+    other ``nu``; used by benchmarks to skip grid points whose score is provably high)."""
 
     lower: float
     upper: float
     solver: str
+    dual: tuple | None = field(default=None, compare=False, repr=False)
 
     def gap(self, n: float) -> float:
         """``n (upper - lower)``: the bracket's width in batch units (spec §0.0)."""
@@ -374,8 +378,9 @@ class FRC:
                 continue
             # the dual point comes from the problem at tau_s; the bound is evaluated with tau
             # itself (kappa tau term), so it bounds the optimum at tau
-            lower = self.dual_lower(v, cons[3].dual_value, cons[2].dual_value, cons[4].dual_value)
-            cert = CertifiedDiscard(min(lower, upper), upper, solver)
+            dual = tuple(np.array(c.dual_value, dtype=np.float64) for c in (cons[3], cons[2], cons[4]))  # copies
+            lower = self.dual_lower(v, *dual)
+            cert = CertifiedDiscard(min(lower, upper), upper, solver, dual)
             if max_gap is None or cert.gap(self.n) <= max_gap:
                 return cert
             failures.append(f"{solver}: bracket wider than the allowed gap")

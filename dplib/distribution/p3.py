@@ -12,20 +12,29 @@ Mechanism, on exactly ``n`` count vectors (``n = n0`` from :mod:`dplib.fixed_n`,
     S0(nu) = n * d*(nu)        d* the FRC's minimal discard at nu with public tau_cov (§2.6b)
     S_up   = n * upper         the verified bracket's upper end (:meth:`FRC.certify`), with
                                n * (upper - lower) <= g for every grid point, else abort
-    S_a(nu)= min{S_up(nu') : nu' in grid, ||nu' - nu||_1 <= alpha}
-    output nu with probability prop. to exp(-epsilon * S_a(nu) / (2 (1 + g)))
+    S_r(nu)= min{S_up(nu') : nu' in grid, ||nu' - nu||_1 <= r}   r = closeness_radius (public;
+                               default 0: S_r = S_up, no minimum)
+    output nu with probability prop. to exp(-epsilon * S_r(nu) / (2 (1 + g)))
 
 Privacy (replace-one on the n count vectors, spec §0.0): the exact ``S0`` has sensitivity <= 1
 **only** because (i) the covariance is the full measure's, normalised by n with the repair point
 (never the kept mass), (ii) the weights are fractional, (iii) ``tau_cov``, m, the grid and
-alpha are public and fixed before the data is read, (iv) the mechanism sees certified scores
+the closeness radius are public and fixed before the data is read, (iv) the mechanism sees certified scores
 with the gap in batch units. Then ``S0 <= S_up <= S0 + g``, so ``S_up`` has sensitivity
-``<= 1 + g``; the minimum over a data-independent neighbourhood keeps it; the exponential
+``<= 1 + g``; the minimum over a data-independent neighbourhood keeps it (any radius,
+including 0, where the neighbourhood is the point itself); the exponential
 mechanism at ``epsilon / (2 (1 + g))`` per unit is epsilon-DP (McSherry-Talwar). It is sampled
 exactly by report-noisy-max with Gumbel noise (OpenDP ``make_noisy_max`` on a secure source,
 :func:`dplib.mean.pure_reference.sample_exponential_mechanism`). A solver failure, or a bracket
 wider than g, aborts the release (:class:`~dplib.distribution.robust.SolverError`); it is never
 mapped to a score (spec §3.7, §8 #4).
+
+The closeness radius r is separate from the grid and from the accuracy target ``alpha`` (which
+sets ``G = ceil(2k/alpha)`` and ``eta_priv``). The spec's r = alpha (the paper's closeness
+condition, Definition 4.3, needed for its continuous volume argument) makes ``S_r`` flat on an
+l1 ball of radius alpha around the best point, so the output is close to uniform on it (TV about
+alpha/2); on a finite grid the exponential mechanism's utility bound holds for any r, and r = 0
+was the most accurate in ``benchmarks/p3_vs_p0.py`` (measurements in ``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from typing import Mapping
 import numpy as np
 
 from dplib.distribution.frc import FRC, tau_cov
+from dplib.distribution.private import P3_DEFAULT_CLOSENESS_RADIUS
 from dplib.errors import InvalidParameterError
 from dplib.mean.pure_reference import exponential_mechanism_probabilities, sample_exponential_mechanism
 from dplib.mechanisms import NoiseSource
@@ -51,6 +61,8 @@ SANDWICH_GAP = 0.01
 #: Largest eta_priv (spec §5: eta_abs = 0.05) and the constant of its rule.
 ETA_PRIV_MAX = 0.05
 ETA_PRIV_CONSTANT = 1.5
+#: Default closeness radius (l1) of the neighbourhood minimum (defined beside the plan).
+DEFAULT_CLOSENESS_RADIUS = P3_DEFAULT_CLOSENESS_RADIUS
 
 
 def grid_resolution(k: int, alpha: float) -> int:
@@ -111,13 +123,15 @@ def neighbourhood_offsets(k: int, radius: int) -> np.ndarray:
     return np.array(out, dtype=np.int64).reshape(-1, k)
 
 
-def neighbourhood_min(grid: np.ndarray, scores: np.ndarray, G: int, alpha: float) -> np.ndarray:
-    """``S_a(nu) = min{S(nu') : nu' in grid, ||nu' - nu||_1 <= alpha}`` (spec §3.7).
+def neighbourhood_min(grid: np.ndarray, scores: np.ndarray, G: int, radius: float) -> np.ndarray:
+    """``S_r(nu) = min{S(nu') : nu' in grid, ||nu' - nu||_1 <= r}`` (spec §3.7), ``r = radius``.
 
     ``grid`` (N, k) integer rows summing to ``G``; ``scores`` (N,). The neighbourhoods depend on
-    ``(k, G, alpha)`` only, so a minimum of sensitivity-``s`` functions has sensitivity ``s``."""
+    ``(k, G, radius)`` only, so a minimum of sensitivity-``s`` functions has sensitivity ``s``.
+    Two grid points differ by at least ``2 / G`` in l1, so ``radius < 2 / G`` (e.g. 0) returns
+    the scores unchanged."""
     n_pts, k = grid.shape
-    radius = int(math.floor(alpha * G * (1.0 + 1e-12)))
+    radius = int(math.floor(radius * G * (1.0 + 1e-12)))
     base = G + 1
     code = lambda rows: rows[:, : k - 1] @ (base ** np.arange(k - 1, dtype=np.int64))  # noqa: E731
     lookup = np.full(base ** (k - 1), -1, dtype=np.int64)
@@ -144,7 +158,8 @@ class P3Scores:
     upper, lower : ndarray (N,)
         ``n * upper``, ``n * lower`` of the verified brackets (batch units).
     alpha_scores : ndarray (N,)
-        ``S_a`` from ``upper``.
+        ``S_r`` from ``upper`` (the neighbourhood minimum at the closeness radius; ``upper``
+        itself at radius 0).
     n : int
     tau : float
     """
@@ -158,7 +173,7 @@ class P3Scores:
 
 
 def p3_scores(
-    hist: Mapping[tuple[int, ...], int], m: int, G: int, alpha: float, tau: float, gap: float = SANDWICH_GAP
+    hist: Mapping[tuple[int, ...], int], m: int, G: int, radius: float, tau: float, gap: float = SANDWICH_GAP
 ) -> P3Scores:
     """Certified FRC scores on the grid and their alpha-neighbourhood minimum.
 
@@ -169,8 +184,8 @@ def p3_scores(
     m : int
     G : int
         Grid resolution.
-    alpha : float
-        Closeness radius (l1).
+    radius : float
+        Closeness radius (l1) of the neighbourhood minimum; 0 = none.
     tau : float
         Public ``tau_cov`` (trace units).
     gap : float
@@ -189,7 +204,7 @@ def p3_scores(
     for i, row in enumerate(grid):
         cert = frc.certify(row / float(G), max_gap=gap)
         upper[i], lower[i] = frc.n * cert.upper, frc.n * cert.lower
-    return P3Scores(grid, upper, lower, neighbourhood_min(grid, upper, G, alpha), frc.n, tau)
+    return P3Scores(grid, upper, lower, neighbourhood_min(grid, upper, G, radius), frc.n, tau)
 
 
 def p3_probabilities(alpha_scores: np.ndarray, epsilon: float, gap: float = SANDWICH_GAP) -> np.ndarray:
@@ -218,12 +233,14 @@ class P3Setup:
     beta: float
     tau: float
     gap: float
+    closeness_radius: float = DEFAULT_CLOSENESS_RADIUS
 
     def describe(self) -> dict:
         return {
             "grid_resolution": self.G,
             "grid_points": grid_size(self.k, self.G),
             "alpha": self.alpha,
+            "closeness_radius": self.closeness_radius,
             "eta_priv": self.eta,
             "omega": self.omega,
             "tau_cov": self.tau,
@@ -233,14 +250,15 @@ class P3Setup:
 
 
 def p3_setup(k: int, m: int, n: int, alpha: float, G: int | None, eta: float | None, omega: float | None,
-             beta: float, gap: float = SANDWICH_GAP) -> P3Setup:
+             beta: float, gap: float = SANDWICH_GAP, closeness_radius: float = DEFAULT_CLOSENESS_RADIUS) -> P3Setup:
     """Public parameters: ``G`` (default ``ceil(2k/alpha)``), ``eta_priv`` (default
-    :func:`eta_priv`), ``tau_cov`` at ``eta_priv`` with ``n`` and ``omega`` (spec §3.7, §5).
+    :func:`eta_priv`), ``tau_cov`` at ``eta_priv`` with ``n`` and ``omega`` (spec §3.7, §5), and
+    the closeness radius (l1, in [0, 2]; 0 = no neighbourhood minimum).
 
     Raises
     ------
     InvalidParameterError
-        k > 5, too many grid points, bad alpha / G / eta / omega.
+        k > 5, too many grid points, bad alpha / G / eta / omega / closeness_radius.
     """
     if not 2 <= k <= MAX_K:
         raise InvalidParameterError(f"P3 needs k <= {MAX_K} categories (incl. OTHER), got k = {k}")
@@ -254,9 +272,53 @@ def p3_setup(k: int, m: int, n: int, alpha: float, G: int | None, eta: float | N
             f"grid_resolution {G} at k = {k} gives {grid_size(k, G)} grid points, more than {MAX_GRID_POINTS}: "
             "raise alpha or lower grid_resolution"
         )
+    r = closeness_radius
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not (math.isfinite(r) and 0.0 <= r <= 2.0):
+        raise InvalidParameterError(f"closeness_radius must be a number in [0, 2] (l1; 0 = no minimum), got {r!r}")
     e = eta_priv(alpha, m) if eta is None else eta
     w = 0.0 if omega is None else omega
-    return P3Setup(k, m, int(n), G, float(alpha), float(e), float(w), float(beta), tau_cov(k, n, m, e, w, beta), gap)
+    return P3Setup(k, m, int(n), G, float(alpha), float(e), float(w), float(beta), tau_cov(k, n, m, e, w, beta), gap,
+                   float(r))
+
+
+def p3_histogram(backend, plan, noise: NoiseSource, charge) -> tuple[dict, int, dict]:
+    """The exactly-``n`` histogram P3 scores, and the DP values released about it (first half of
+    :func:`p3_release`, separate so that benchmarks reuse the same selection).
+
+    ``p3_n_mode = "dp_lower_bound"``: charge the count, release ``n0``
+    (:func:`dplib.fixed_n.release_lower_bound`, l1 sensitivity 1, ``plan``'s count share of
+    epsilon); charge the mechanism; the histogram of the ``n0`` persons of smallest keyed-hash
+    rank (``ranked_histogram``), padded with :func:`dummy_batch` to ``n0``
+    (:func:`dplib.fixed_n.pad_histogram`). ``public_as_in_paper``: charge the mechanism; every
+    person of the group, ``n`` = their number (benchmarks only).
+
+    Returns
+    -------
+    (histogram {count vector: persons} summing to n (non-private, for the mechanism only), n
+    (DP or, in the benchmark mode, the exact count), release parameters (DP values only))
+    """
+    from dplib.distribution.private import STAGE_COUNT, STAGE_P3
+    from dplib.fixed_n import pad_histogram, release_lower_bound
+
+    k, m, group = plan.k, plan.m, plan.group
+    params: dict = {"p3_n_mode": plan.p3_n_mode}
+    if plan.p3_n_mode == "public_as_in_paper":
+        charge(STAGE_P3)
+        hist = backend.histogram(group)
+        n = sum(hist.values())
+        if n < 1:
+            raise InvalidParameterError("P3 with n public needs at least one person")
+        params["neighbouring"] = "replace one person, n public (as in the paper; benchmark only, not add/remove)"
+        params["n_public_as_in_paper"] = n
+        return hist, n, params
+    charge(STAGE_COUNT)
+    n_exact, _ = backend.sums(group)
+    fixed = release_lower_bound(n_exact, plan.stage_budgets[STAGE_COUNT].epsilon, plan.beta, noise)
+    del n_exact
+    n = fixed.n0
+    params.update({"n0": n, "noisy_person_count": round(fixed.noisy_count, 1), "count_laplace_scale": fixed.laplace_scale})
+    charge(STAGE_P3)
+    return pad_histogram(backend.ranked_histogram(group, n), n, dummy_batch(k, m)), n, params
 
 
 def p3_release(backend, plan, noise: NoiseSource, charge) -> tuple[np.ndarray, dict]:
@@ -264,12 +326,9 @@ def p3_release(backend, plan, noise: NoiseSource, charge) -> tuple[np.ndarray, d
     backend and the whole plan against the accountant first). ``charge(stage)`` records a
     stage's charge before it reads any data.
 
-    Steps (``p3_n_mode = "dp_lower_bound"``): charge the count, release ``n0``
-    (:func:`dplib.fixed_n.release_lower_bound`, l1 sensitivity 1); charge the mechanism; take
-    the histogram of the ``n0`` persons of smallest keyed-hash rank (``ranked_histogram``), pad
-    with :func:`dummy_batch` to ``n0`` (:func:`dplib.fixed_n.pad_histogram`); certified scores
-    with ``tau_cov`` at ``n0``; one exponential-mechanism draw. ``public_as_in_paper``: every
-    person of the group, ``n`` = their number (benchmarks only).
+    Steps: :func:`p3_histogram` (``n0``, selection, padding; or n public in the benchmark mode);
+    certified scores with ``tau_cov`` at ``n``; their minimum over the public closeness
+    neighbourhood (none by default); one exponential-mechanism draw.
 
     Returns
     -------
@@ -286,33 +345,14 @@ def p3_release(backend, plan, noise: NoiseSource, charge) -> tuple[np.ndarray, d
     selected multiset changes by one substitution (:mod:`dplib.fixed_n`), and the mechanism is
     epsilon_em-DP under substitution with n fixed (module docstring, spec §0.0, §3.7).
     """
-    from dplib.distribution.private import STAGE_COUNT, STAGE_P3
-    from dplib.fixed_n import pad_histogram, release_lower_bound
+    from dplib.distribution.private import STAGE_P3
 
-    k, m, group = plan.k, plan.m, plan.group
-    budgets = plan.stage_budgets
-    params: dict = {"p3_n_mode": plan.p3_n_mode}
-    if plan.p3_n_mode == "public_as_in_paper":
-        charge(STAGE_P3)
-        hist = backend.histogram(group)
-        n = sum(hist.values())
-        if n < 1:
-            raise InvalidParameterError("P3 with n public needs at least one person")
-        params["neighbouring"] = "replace one person, n public (as in the paper; benchmark only, not add/remove)"
-        params["n_public_as_in_paper"] = n
-    else:
-        charge(STAGE_COUNT)
-        n_exact, _ = backend.sums(group)
-        fixed = release_lower_bound(n_exact, budgets[STAGE_COUNT].epsilon, plan.beta, noise)
-        del n_exact
-        n = fixed.n0
-        params.update({"n0": n, "noisy_person_count": round(fixed.noisy_count, 1), "count_laplace_scale": fixed.laplace_scale})
-        charge(STAGE_P3)
-        hist = pad_histogram(backend.ranked_histogram(group, n), n, dummy_batch(k, m))
-    setup = p3_setup(k, m, n, plan.alpha, plan.grid_resolution, plan.eta, plan.omega, plan.beta)
-    scores = p3_scores(hist, m, setup.G, setup.alpha, setup.tau, setup.gap)
+    hist, n, params = p3_histogram(backend, plan, noise, charge)
+    setup = p3_setup(plan.k, plan.m, n, plan.alpha, plan.grid_resolution, plan.eta, plan.omega, plan.beta,
+                     closeness_radius=plan.closeness_radius)
+    scores = p3_scores(hist, plan.m, setup.G, setup.closeness_radius, setup.tau, setup.gap)
     del hist
-    index = p3_sample(scores.alpha_scores, budgets[STAGE_P3].epsilon, noise, setup.gap)
+    index = p3_sample(scores.alpha_scores, plan.stage_budgets[STAGE_P3].epsilon, noise, setup.gap)
     estimate = scores.grid[index].astype(np.float64) / setup.G
     del scores
     params.update(setup.describe())

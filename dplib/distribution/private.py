@@ -87,10 +87,15 @@ ESTIMATOR_NAMES = {
 #: the only one the job uses), or the paper's assumption that n is public (benchmarks only: it
 #: is DP under replace-one with n public, **not** under add/remove).
 P3_N_MODES = ("dp_lower_bound", "public_as_in_paper")
-#: P3's budget share of the person count n0 (sequential on the same persons).
+#: P3's default budget share of the person count n0 (sequential on the same persons).
 P3_COUNT_EPSILON_SHARE = 0.1
-#: P3's default closeness radius alpha (l1); G = ceil(2k / alpha) (k = 3: G = 100, spec §3.7).
+#: P3's default accuracy target alpha (l1): G = ceil(2k / alpha) (k = 3: G = 100, spec §3.7) and
+#: eta_priv (spec §5).
 P3_DEFAULT_ALPHA = 0.06
+#: P3's default closeness radius (l1) of the score's neighbourhood minimum: 0, none. The spec's
+#: radius alpha flattens the score on an alpha-ball (output ~uniform on it, TV ~alpha/2 = 0.03
+#: at k = 3); radius 0 was the most accurate in benchmarks/p3_vs_p0.py (benchmarks/README.md).
+P3_DEFAULT_CLOSENESS_RADIUS = 0.0
 STATUS_OK = "OK"
 ERROR_LEVEL = 0.9
 #: Weight of the count released beside the clipped sum: ``(S, w n)``, ``w = COUNT_WEIGHT * rho``.
@@ -165,9 +170,17 @@ class DistributionPlan:
         Corruption bound and heterogeneity radius: unused by P0-P2; P3's trimming level
         ``eta_priv`` (default from alpha and m, spec §5) and heterogeneity allowance in tau_cov.
     alpha : float, default 0.06
-        P3: closeness radius (l1) of the score's neighbourhood minimum.
+        P3: accuracy target (l1): sets the grid ``G = ceil(2k / alpha)`` and the default
+        ``eta_priv`` (spec §3.7, §5). (It no longer sets the closeness radius.)
     grid_resolution : int, optional
         P3: G (grid points ``i / G``); default ``ceil(2k / alpha)``.
+    closeness_radius : float in [0, 2], default 0
+        P3: l1 radius of the score's neighbourhood minimum ``S_r(nu) = min{S(nu') :
+        ||nu' - nu||_1 <= r}`` over the grid (spec §3.7 uses r = alpha). Any public value keeps
+        sensitivity 1 (the neighbourhoods are data-independent; r = 0 is the score itself).
+    p3_count_share : float in (0, 1), default 0.1
+        P3 (``dp_lower_bound``): share of epsilon spent on the count n0; the mechanism gets the
+        rest. Public; see docs/privacy/distribution.md for the trade-off.
     p3_n_mode : "dp_lower_bound" (default) or "public_as_in_paper"
         P3: see :data:`P3_N_MODES`. ``public_as_in_paper`` is for benchmarks only (its guarantee
         is replace-one with n public) and is never set by the job.
@@ -197,6 +210,8 @@ class DistributionPlan:
     alpha: float = P3_DEFAULT_ALPHA
     grid_resolution: int | None = None
     p3_n_mode: Literal["dp_lower_bound", "public_as_in_paper"] = "dp_lower_bound"
+    closeness_radius: float = P3_DEFAULT_CLOSENESS_RADIUS
+    p3_count_share: float = P3_COUNT_EPSILON_SHARE
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, Budget):
@@ -220,7 +235,11 @@ class DistributionPlan:
 
             if self.beta >= 0.5:
                 raise InvalidParameterError(f"beta must be < 0.5 for P3 (lower bound n0), got {self.beta!r}")
-            p3_setup(self.k, self.m, 1, self.alpha, self.grid_resolution, self.eta, self.omega, self.beta)
+            object.__setattr__(
+                self, "p3_count_share", _check_unit_interval(self.p3_count_share, "p3_count_share", 1e-9, 1.0, False)
+            )
+            p3_setup(self.k, self.m, 1, self.alpha, self.grid_resolution, self.eta, self.omega, self.beta,
+                     closeness_radius=self.closeness_radius)
 
     @property
     def k(self) -> int:
@@ -250,7 +269,7 @@ class DistributionPlan:
         if self.estimator == "P3":  # n0 then the mechanism, sequential on the same persons
             if self.p3_n_mode == "public_as_in_paper":
                 return {STAGE_P3: Budget(eps, 0.0)}
-            share = P3_COUNT_EPSILON_SHARE
+            share = self.p3_count_share
             return {STAGE_COUNT: Budget(eps * share, 0.0), STAGE_P3: Budget(eps * (1.0 - share), 0.0)}
         center, final = self.stage_names
         final_delta = delta if self.estimator == "P2" else 0.0
