@@ -67,7 +67,7 @@ def test_p3_job_end_to_end(spark, flights_sample, tmp_path):
     # only public values and DP outputs in the release: no exact count, discard, score or padding flag
     allowed = {"estimator", "estimator_name", "categories", "k", "m", "beta", "eta", "omega", "eta_omega_use",
                "short_persons", "budget_mode", "stages", "p3_n_mode", "n0", "noisy_person_count",
-               "count_laplace_scale", "grid_resolution", "grid_points", "alpha", "eta_priv", "tau_cov",
+               "count_laplace_scale", "grid_resolution", "grid_points", "alpha", "closeness_radius", "eta_priv", "tau_cov",
                "sandwich_gap_batches", "dummy_batch"}
     assert set(params) <= allowed, set(params) - allowed
     # the estimate is close to the truth (mean over aircraft with >= M flights of their dest shares)
@@ -116,6 +116,10 @@ def test_p3_config_errors(tmp_path):
         ({"alpha": 0.01}, "grid points"),
         ({"grid_resolution": 0}, "grid_resolution"),
         ({"beta": 0.6}, "beta"),
+        ({"closeness_radius": -0.01}, "closeness_radius"),
+        ({"closeness_radius": 2.5}, "closeness_radius"),
+        ({"p3_count_share": 0.0}, "p3_count_share"),
+        ({"p3_count_share": 1.0}, "p3_count_share"),
     ):
         with pytest.raises(ConfigError, match=field):
             make_config("x.parquet", tmp_path, **opts)
@@ -130,3 +134,14 @@ def test_p3_config_errors(tmp_path):
         )
     with pytest.raises(ConfigError, match="grid_resolution is for estimator P3"):
         make_config("x.parquet", tmp_path, estimator="P0", grid_resolution=10)
+    for name, value in (("closeness_radius", 0.0), ("p3_count_share", 0.2)):
+        with pytest.raises(ConfigError, match=f"{name} is for estimator P3"):
+            make_config("x.parquet", tmp_path, estimator="P0", **{name: value})
+    # the options reach the plan: radius and share as configured, defaults 0 and 0.1
+    plan = plan_job(make_config("x.parquet", tmp_path, closeness_radius=0.1, p3_count_share=0.25))
+    (p,) = plan.plans.values()
+    assert (p.closeness_radius, p.p3_count_share) == (0.1, 0.25)
+    assert [c.budget.epsilon for c in plan.charges] == [pytest.approx(0.5), pytest.approx(1.5)]
+    assert "closeness radius=0.1, count share=0.25" in plan.render()
+    (d,) = plan_job(make_config("x.parquet", tmp_path)).plans.values()
+    assert (d.closeness_radius, d.p3_count_share) == (0.0, 0.1)

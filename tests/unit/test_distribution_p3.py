@@ -48,17 +48,30 @@ NEIGHBOURS = [
 ]
 
 
+#: Closeness radii (l1): none, one grid step (2/G), two grid steps.
+RADII = (0.0, 2.0 / G, 4.0 / G)
+
+
 @pytest.fixture(scope="module")
 def base_scores():
     return output_distribution(BASE)
 
 
+@pytest.fixture(scope="module")
+def neighbour_scores():
+    """{i: (scores, probabilities)} of BASE with batch i replaced as in NEIGHBOURS (computed once)."""
+    out = {}
+    for i, new in NEIGHBOURS:
+        other = [list(r) for r in BASE]
+        other[i] = new
+        out[i] = output_distribution(other)
+    return out
+
+
 @pytest.mark.parametrize("i, new", NEIGHBOURS)
-def test_exact_output_distribution_ratio_within_e_epsilon(base_scores, i, new):
+def test_exact_output_distribution_ratio_within_e_epsilon(base_scores, neighbour_scores, i, new):
     s, p = base_scores
-    other = [list(r) for r in BASE]
-    other[i] = new
-    s2, q = output_distribution(other)
+    s2, q = neighbour_scores[i]
     # the certified scores move by at most 1 + g everywhere (replace-one, n fixed) ...
     assert np.max(np.abs(s.upper - s2.upper)) <= 1 + p3.SANDWICH_GAP
     assert np.max(np.abs(s.alpha_scores - s2.alpha_scores)) <= 1 + p3.SANDWICH_GAP
@@ -67,13 +80,40 @@ def test_exact_output_distribution_ratio_within_e_epsilon(base_scores, i, new):
     assert np.isclose(p.sum(), 1) and p.size == math.comb(G + 2, 2)
 
 
-def test_broken_exponent_fails_the_ratio_test(base_scores):
+@pytest.mark.parametrize("radius", RADII)
+def test_exact_ratio_within_e_epsilon_for_every_closeness_radius(base_scores, neighbour_scores, radius):
+    """The closeness radius is a public choice: for each radius (0 = the certified score itself,
+    one and two grid steps) the neighbourhood minimum of the certified scores moves by <= 1 + g
+    on every neighbour, and the exact output distributions stay within e^epsilon."""
+    s, _ = base_scores
+    s_r = p3.neighbourhood_min(s.grid, s.upper, G, radius)
+    p = p3.p3_probabilities(s_r, EPS)
+    for i, _ in NEIGHBOURS:
+        s2, _ = neighbour_scores[i]
+        s2_r = p3.neighbourhood_min(s2.grid, s2.upper, G, radius)
+        assert np.max(np.abs(s_r - s2_r)) <= 1 + p3.SANDWICH_GAP
+        assert max_log_ratio(p, p3.p3_probabilities(s2_r, EPS)) <= EPS + 1e-12
+
+
+def test_radius_zero_is_the_score_and_a_larger_radius_flattens_it(base_scores):
+    """Radius 0 (and anything below one grid step, 2/G in l1) leaves the scores unchanged; a
+    larger radius spreads the output: the expected l1 distance of the output to the data's mean
+    (computed from the exact distributions) grows from radius 0 to two grid steps."""
+    s, _ = base_scores
+    for r in (0.0, 1.9 / G):
+        assert np.array_equal(p3.neighbourhood_min(s.grid, s.upper, G, r), s.upper)
+    assert not np.array_equal(p3.neighbourhood_min(s.grid, s.upper, G, 2.0 / G), s.upper)
+    ybar = np.mean(np.array(BASE) / M, axis=0)
+    dist = np.abs(s.grid / G - ybar).sum(axis=1)
+    spread = [float(p3.p3_probabilities(p3.neighbourhood_min(s.grid, s.upper, G, r), EPS) @ dist) for r in (0.0, 4.0 / G)]
+    assert spread[0] < spread[1]
+
+
+def test_broken_exponent_fails_the_ratio_test(base_scores, neighbour_scores):
     """The same exact test with a broken mechanism: exp(-epsilon S) instead of exp(-epsilon S/2)
     (spec §8 #5) exceeds e^epsilon on a neighbour pair, so the test above has power."""
     s, _ = base_scores
-    other = [list(r) for r in BASE]
-    other[3] = [0, 0, 10]
-    s2, _ = output_distribution(other)
+    s2, _ = neighbour_scores[3]
     p = p3.p3_probabilities(s.alpha_scores, 2 * EPS)  # = exp(-EPS S / (1+g)): the broken exponent
     q = p3.p3_probabilities(s2.alpha_scores, 2 * EPS)
     assert max_log_ratio(p, q) > EPS * 1.2
@@ -248,6 +288,43 @@ def test_cost_before_data_and_stages():
         DistributionPlan(Budget(1.0), ("a", "b", "c"), M, "P3", alpha=0.01)
     with pytest.raises(InvalidParameterError, match="p3_n_mode"):
         DistributionPlan(Budget(1.0), ("a", "b"), M, "P3", p3_n_mode="exact")
+
+
+@pytest.mark.parametrize("bad", [-0.1, 2.5, float("nan"), float("inf"), True, "0"])
+def test_closeness_radius_validated_before_data(bad):
+    with pytest.raises(InvalidParameterError, match="closeness_radius"):
+        p3_plan(closeness_radius=bad)
+
+
+def test_count_share_sets_the_stage_budgets():
+    plan = p3_plan(2.0, p3_count_share=0.25)
+    ch = plan.charges()
+    assert ch[0].budget == Budget(0.5) and ch[1].budget.epsilon == pytest.approx(1.5)
+    assert plan.cost() == Budget(2.0)
+    assert p3_plan(2.0).charges()[0].budget == Budget(0.2)  # default share 0.1
+    for bad in (0.0, 1.0, 1.5, float("nan"), None):
+        with pytest.raises(InvalidParameterError, match="p3_count_share"):
+            p3_plan(p3_count_share=bad)
+
+
+@pytest.mark.parametrize("radius", [0.0, 4.0 / G])
+def test_estimator_uses_the_plans_closeness_radius(monkeypatch, radius):
+    """The release's scores are the neighbourhood minimum at the plan's radius (default 0), and
+    the radius is released as a public parameter."""
+    seen = {}
+    real = p3.p3_scores
+
+    def spy(hist, m, grid_res, r, *args, **kwargs):
+        seen["r"] = r
+        out = real(hist, m, grid_res, r, *args, **kwargs)
+        seen["alpha_scores"], seen["upper"], seen["grid"] = out.alpha_scores, out.upper, out.grid
+        return out
+
+    monkeypatch.setattr(p3, "p3_scores", spy)
+    kw = {} if radius == 0.0 else {"closeness_radius": radius}
+    rel = private_distribution(small_backend(BASE), p3_plan(p3_n_mode="public_as_in_paper", **kw), SeededNoise(0))
+    assert seen["r"] == radius and rel.parameters["closeness_radius"] == radius
+    assert np.array_equal(seen["alpha_scores"], p3.neighbourhood_min(seen["grid"], seen["upper"], G, radius))
 
 
 def test_n0_selection_and_padding_through_the_estimator(monkeypatch):
