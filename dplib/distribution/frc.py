@@ -267,7 +267,10 @@ class FRC:
         """Verified upper bound on ``d*(nu)`` from a candidate ``(keep, lam)``, or None.
 
         ``lam`` is raised uniformly to use the whole budget ``tau``; ``keep`` is clipped to
-        [0, 1], its entries below a floor of :data:`KEEP_FLOORS` zeroed, and it is shrunk by
+        [0, 1], its entries below a floor of :data:`KEEP_FLOORS` zeroed, so are the groups that
+        no feasible point can keep (``y_gj > 0`` where ``nu_j = 0``: the repair constraint
+        forces ``x_g = 0`` there; a solver leaves ~1e-6 on them at some faces of the simplex
+        grid, which made the check fail and a P3 release abort), and it is shrunk by
         the factors of :data:`SHRINKS` (moving kept mass into the repair
         atom never increases the covariance, spec §2.6b) until every constraint holds with a
         margin of :data:`REL_MARGIN` times its terms' magnitude: ``d > 0`` and the Schur
@@ -284,6 +287,8 @@ class FRC:
         sig = sigma_matrix(nu, self.m)
         z = self.y - nu[None, :]
         clipped = np.clip(np.asarray(keep, dtype=np.float64), 0.0, 1.0)
+        face = nu <= 0.0
+        clipped = np.where(np.any(self.y[:, face] > 0.0, axis=1), 0.0, clipped) if face.any() else clipped
         for floor, shrink in itertools.product(KEEP_FLOORS, SHRINKS):
             x = self.a * np.where(clipped < floor, 0.0, clipped) * (1.0 - shrink)
             d = 1.0 - math.fsum(x)

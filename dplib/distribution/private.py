@@ -494,8 +494,10 @@ def private_distribution(
     (epsilon_c, 0) and the l2-clipped Gaussian stage (epsilon_f, delta). Parallel mode: the
     stages read disjoint fixed hash ranges, (epsilon, delta) overall; sequential: epsilon/4 +
     3 epsilon/4. Radii and centre are post-processing of the centre stage and public inputs;
-    the projection is post-processing. P3: the count n0 (epsilon/10, Laplace) then the
-    exponential mechanism (9 epsilon/10) on the n0 selected and padded persons, sequential on
+    the projection is post-processing. P3: the count n0 (``p3_count_share`` of epsilon, default
+    epsilon/10, Laplace) then the exponential mechanism (the rest) on the n0 selected and padded
+    persons, with the certified score's neighbourhood minimum at the public
+    ``closeness_radius`` (default 0: none; any public radius keeps sensitivity 1), sequential on
     the same persons; (epsilon, 0) overall (:func:`dplib.distribution.p3.p3_release`). With
     ``p3_n_mode = "public_as_in_paper"``: epsilon-DP under replace-one with n public only.
 

@@ -196,3 +196,24 @@ def test_tau_cov_monotone_in_n_and_validates():
         FRC({(1, 1): 2}, 2, 0.0)
     with pytest.raises(InvalidParameterError, match="nu"):
         FRC({(1, 1): 2}, 2, 0.1).certify([0.7, 0.7])
+
+
+def test_primal_check_at_a_face_ignores_solver_residue_on_excluded_groups():
+    """At a grid point on a face of the simplex (nu_3 = 0) no feasible point keeps a batch with a
+    draw in category 3 (the repair mass nu - sum x_g y_g must stay >= 0). Residue of 1e-5 that
+    a solver may leave on those groups must not defeat the exact check (it used to fall back to
+    the trivial certificate, upper = 1, and the bracket failed the gap: a P3 abort). The bound
+    found equals the one from the clean point and stays above the verified lower bound."""
+    rng = np.random.default_rng(3)
+    counts = rng.multinomial(40, [0.5, 0.45, 0.05], size=30)
+    c, mult = np.unique(counts, axis=0, return_counts=True)
+    frc = FRC({tuple(int(v) for v in r): int(w) for r, w in zip(c, mult)}, 40, 0.004)
+    nu = np.array([0.5, 0.5, 0.0])
+    cert = frc.certify(nu)
+    sol = frc.solve(nu)
+    excluded = frc.counts[:, 2] > 0
+    assert excluded.any() and (~excluded).any()
+    clean = frc.primal_upper(nu, np.where(excluded, 0.0, sol.keep), sol.lam)
+    noisy = frc.primal_upper(nu, np.where(excluded, 1e-5, sol.keep), sol.lam)
+    assert clean is not None and noisy == clean
+    assert cert.lower <= noisy < 1.0 and frc.n * (cert.upper - cert.lower) <= 0.01
