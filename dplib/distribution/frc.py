@@ -64,6 +64,12 @@ SHRINKS = (0.0, 1e-7, 1e-6, 1e-5, 1e-4)
 KEEP_FLOORS = (0.0, 1e-9, 1e-7)
 #: Solvers tried in order by :meth:`FRC.certify` (spec §5: Clarabel for P3; SCS as the retry).
 CERTIFY_SOLVERS = ("CLARABEL", "SCS")
+#: Attempts of :meth:`FRC.certify`: each solver warm (cvxpy reuses its cached solver object
+#: across candidate means), then each again from a fresh solver object. The cached path depends
+#: on the previous solves; it failed in both solvers on 2 of ~60,000 benchmark grid points that
+#: a fresh solve certified (benchmarks/p3_vs_p0.py). Any attempt's bracket is verified, so which
+#: one succeeds never changes the guarantee S0 <= S_up <= S0 + g.
+CERTIFY_ATTEMPTS = tuple((solver, warm) for warm in (True, False) for solver in CERTIFY_SOLVERS)
 _EPS = float(np.finfo(np.float64).eps)
 
 
@@ -230,16 +236,16 @@ class FRC:
         self._problems[tau] = (prob, nu, nunu, sig, om, lam, cons)
         return self._problems[tau]
 
-    def _run(self, nu: np.ndarray, tau: float, solver: str):
+    def _run(self, nu: np.ndarray, tau: float, solver: str, warm_start: bool = True):
         import cvxpy as cp
 
         prob, p_nu, p_nunu, p_sig, om, lam, cons = self._problem(tau)
         p_nu.value, p_nunu.value, p_sig.value = nu, np.outer(nu, nu), sigma_matrix(nu, self.m)
         try:
             if solver == "SCS":
-                prob.solve(solver="SCS", eps_abs=1e-9, eps_rel=1e-9, max_iters=200_000)
+                prob.solve(solver="SCS", eps_abs=1e-9, eps_rel=1e-9, max_iters=200_000, warm_start=warm_start)
             else:
-                prob.solve(solver="CLARABEL")
+                prob.solve(solver="CLARABEL", warm_start=warm_start)
         except cp.error.SolverError as exc:
             raise SolverError(f"FRC ({solver}) failed in the solver") from exc
         if om.value is None or lam.value is None or prob.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):
@@ -354,7 +360,8 @@ class FRC:
     def certify(self, nu: Sequence[float], max_gap: float | None = None) -> CertifiedDiscard:
         """Verified bracket of the exact minimal discard at ``nu`` (spec §3.7 sandwich).
 
-        Tries the solvers of :data:`CERTIFY_SOLVERS` in order and returns the first bracket
+        Tries the attempts of :data:`CERTIFY_ATTEMPTS` in order (Clarabel, SCS, then both again
+        from fresh solver objects) and returns the first bracket
         whose width in batch units ``n (upper - lower)`` is at most ``max_gap`` (any width when
         None). The choice of solver depends on the data only through this check, and the caller
         aborts (no release) when no solver certifies: a failure is never mapped to a score.
@@ -369,9 +376,9 @@ class FRC:
         v = _check_nu(nu, self.k)
         tau_s = self.tau * (1.0 - TAU_SLACK)
         failures = []
-        for solver in CERTIFY_SOLVERS:
+        for solver, warm in CERTIFY_ATTEMPTS:
             try:
-                prob, om, lam, cons = self._run(v, tau_s, solver)
+                prob, om, lam, cons = self._run(v, tau_s, solver, warm)
             except SolverError as exc:
                 failures.append(str(exc))
                 continue

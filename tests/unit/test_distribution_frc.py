@@ -130,6 +130,28 @@ def test_solver_failure_raises(monkeypatch):
         frc.certify([0.4, 0.6])
 
 
+def test_certify_retries_from_fresh_solver_objects(monkeypatch):
+    """When the warm (cached solver object) path fails in both solvers, certify retries each
+    solver from a fresh object; the bracket is then the same as a fresh solve's, and every
+    attempt was made in the documented order."""
+    frc = FRC({(3, 7): 6, (9, 1): 2, (5, 5): 4}, 10, 0.01)
+    ref = frc.certify([0.4, 0.6])
+    real = cp.Problem.solve
+    calls = []
+
+    def warm_fails(self, *args, **kwargs):
+        calls.append((kwargs.get("solver"), kwargs.get("warm_start")))
+        if kwargs.get("warm_start", True):
+            raise cp.error.SolverError("injected: cached solver object")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cp.Problem, "solve", warm_fails)
+    cert = frc.certify([0.4, 0.6], max_gap=0.01)
+    assert calls == [("CLARABEL", True), ("SCS", True), ("CLARABEL", False)]
+    assert cert.solver == "CLARABEL" and cert.upper == pytest.approx(ref.upper, abs=1e-7)
+    assert cert.lower == pytest.approx(ref.lower, abs=1e-7)
+
+
 def test_unusable_status_raises(monkeypatch):
     frc = FRC({(3, 7): 6, (9, 1): 2}, 10, 0.01)
 
