@@ -164,20 +164,57 @@ class DistributionOptions(_Frozen):
     appended as the last coordinate. ``m``: draws per person (persons with fewer records are
     left out; more: m drawn uniformly without replacement in keyed-hash order).
     ``estimator``: P0 (pooled Laplace, pure epsilon), P1 (l1-clipped Laplace around a private
-    centre, pure epsilon) or P2 (l2-clipped Gaussian, needs delta > 0). ``beta``: failure
-    probability in the radii. ``eta``, ``omega``: corruption bound and heterogeneity radius,
-    accepted for the robust estimators to come and **unused by P0-P2**. ``record_label_columns``:
+    centre, pure epsilon), P2 (l2-clipped Gaussian, needs delta > 0) or P3 (robust and private:
+    exponential mechanism on a simplex grid with the certified FRC score, pure epsilon, k <= 5
+    including OTHER; runs on a DP lower bound n0 of the persons, padded). ``beta``: failure
+    probability in the radii (P3: of n0 and tau_cov's null term). ``eta``, ``omega``:
+    corruption bound and heterogeneity radius, **unused by P0-P2**; P3's trimming level
+    (default from alpha and m) and heterogeneity allowance. ``alpha`` (P3, default 0.06):
+    closeness radius (l1); ``grid_resolution`` (P3): G, default ceil(2k/alpha); both public and
+    fixed (the grid is never chosen from the data). ``record_label_columns``:
     the columns that name a record in the sampling order (default: every column of the input;
     the category column is always added, so the draws cannot depend on the category).
     """
 
     categories: tuple[str, ...]
     m: int
-    estimator: Literal["P0", "P1", "P2"] = "P0"
+    estimator: Literal["P0", "P1", "P2", "P3"] = "P0"
     beta: float = 0.05
     eta: float | None = None
     omega: float | None = None
+    alpha: float = 0.06
+    grid_resolution: int | None = None
     record_label_columns: tuple[str, ...] | None = None
+
+    @field_validator("alpha")
+    @classmethod
+    def _alpha(cls, v: float) -> float:
+        if not (math.isfinite(v) and 0.0 < v <= 2.0):
+            raise ValueError(f"must be in (0, 2] (l1 closeness radius of P3; got {v!r})")
+        return v
+
+    @field_validator("grid_resolution")
+    @classmethod
+    def _grid(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"must be an integer >= 1 (P3 grid points i/G; got {v!r})")
+        return v
+
+    @model_validator(mode="after")
+    def _p3(self) -> "DistributionOptions":
+        if self.estimator != "P3":
+            if self.grid_resolution is not None:
+                raise ValueError("grid_resolution is for estimator P3")
+            return self
+        from dplib.distribution.p3 import p3_setup
+
+        if self.beta >= 0.5:
+            raise ValueError(f"beta must be < 0.5 for estimator P3 (got {self.beta!r})")
+        try:
+            p3_setup(len(self.categories) + 1, self.m, 1, self.alpha, self.grid_resolution, self.eta, self.omega, self.beta)
+        except Exception as err:  # InvalidParameterError -> a config error naming the option
+            raise ValueError(f"estimator P3: {err}") from err
+        return self
 
     @field_validator("categories")
     @classmethod

@@ -93,6 +93,8 @@ def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
             eta=opts.eta,
             omega=opts.omega,
             budget_mode=cfg.budget.budget_mode,
+            alpha=opts.alpha,
+            grid_resolution=opts.grid_resolution,
         )
     if stat.kind == "multivariate_mean":
         return MultivariateMeanPlan(
@@ -164,7 +166,17 @@ class JobPlan:
                 f"  - {c.stage:<48} persons {str(c.group):<12} epsilon={c.budget.epsilon:.4g} delta={c.budget.delta:.3g}"
             )
         for name, p in self.plans.items():
-            if isinstance(p, DistributionPlan):
+            if isinstance(p, DistributionPlan) and p.estimator == "P3":
+                from dplib.distribution.p3 import grid_resolution, grid_size
+
+                G = p.grid_resolution or grid_resolution(p.k, p.alpha)
+                lines.append(
+                    f"  {name}: distribution over k={p.k} public categories (+ OTHER last), m={p.m} draws per person "
+                    f"(fewer: person left out), estimator P3: {ESTIMATOR_NAMES['P3']}; grid G={G} "
+                    f"({grid_size(p.k, G)} points), alpha={p.alpha:g}; exactly n0 persons (DP lower bound, "
+                    f"keyed-hash rank, padded with all-OTHER batches)"
+                )
+            elif isinstance(p, DistributionPlan):
                 lines.append(
                     f"  {name}: distribution over k={p.k} public categories (+ OTHER last), m={p.m} draws per person "
                     f"(fewer: person left out), estimator {p.estimator}: {ESTIMATOR_NAMES[p.estimator]}; "
@@ -309,7 +321,8 @@ def _distribution_row(
     cfg, stat, plan: DistributionPlan, records, salt, noise, accountant, run_id, lineage, created, run_key=None
 ) -> ReleaseRow:
     """Batches of one categorical column (one Spark plan, cached), the private estimator, one row."""
-    from spark_jobs.batches import SparkBatchAggregates, person_batches
+    from spark_jobs.batches import person_batches
+    from spark_jobs.fixed_n import SparkFixedNBatches
 
     opts = stat.options
     batches = person_batches(
@@ -323,7 +336,7 @@ def _distribution_row(
         null_values=cfg.privacy_unit.null_values,
     ).persist()
     try:
-        backend = SparkBatchAggregates(batches, plan.k, plan.m)
+        backend = SparkFixedNBatches(batches, plan.k, plan.m)
         rel = private_distribution(backend, plan, noise, accountant, f"{stat.name}: ")
     finally:
         batches.unpersist()
@@ -334,8 +347,8 @@ def _distribution_row(
         algorithm_version=DIST_VERSION,
         estimate=[float(x) for x in rel.estimate],
         estimate_size=plan.k,
-        noise_scale=float(rel.noise_scale),
-        error_bar=[float(x) for x in rel.error_bar],
+        noise_scale=None if rel.noise_scale is None else float(rel.noise_scale),  # None: P3 (exponential mechanism)
+        error_bar=None if rel.error_bar is None else [float(x) for x in rel.error_bar],
         parameters=rel.parameters,
         run_key=run_key,
     )

@@ -191,6 +191,12 @@ class BatchAggregates(Protocol):
         """``(sum_i q_i * radius / 2**30, n)``: see :func:`clipped_units`."""
         ...
 
+    def ranked_histogram(self, group: GroupRange, n0: int) -> dict[tuple[int, ...], int]:
+        """Histogram of the count vectors of the ``n0`` persons of the group with the smallest
+        ``(group index, count vector)`` (all of them when fewer exist): the selection of
+        :mod:`dplib.fixed_n` (O(D) numbers; only inside P3's mechanism)."""
+        ...
+
 
 def check_clip(center: np.ndarray, radius: float, norm: str, k: int) -> np.ndarray:
     """Validate clip arguments; returns the centre as float64 of shape ``(k,)``."""
@@ -354,11 +360,15 @@ class NumpyBatches:
         return BatchMoments(n, sum_counts, tuple(tuple(r) for r in outer))
 
     def histogram(self, group: GroupRange) -> dict[tuple[int, ...], int]:
-        c = self._rows(group)
-        if c.shape[0] == 0:
-            return {}
-        uniq, cnt = np.unique(c, axis=0, return_counts=True)
-        return {tuple(int(x) for x in u): int(n) for u, n in zip(uniq, cnt)}
+        return _histogram(self._rows(group))
+
+    def ranked_histogram(self, group: GroupRange, n0: int) -> dict[tuple[int, ...], int]:
+        if isinstance(n0, bool) or not isinstance(n0, (int, np.integer)) or n0 < 1:
+            raise InvalidParameterError(f"n0 must be an integer >= 1, got {n0!r}")
+        mask = in_range(self.group, group)
+        c, g = self.counts[mask], self.group[mask]
+        order = np.lexsort(tuple(c[:, j] for j in range(self.k - 1, -1, -1)) + (g,))
+        return _histogram(c[order[: int(n0)]])
 
     def clipped_sum(self, center: np.ndarray, radius: float, norm: str, group: GroupRange) -> tuple[np.ndarray, int]:
         center = check_clip(center, radius, norm, self.k)
@@ -366,6 +376,14 @@ class NumpyBatches:
         units = clipped_units(c, self.m, center, float(radius), norm)
         total = _exact_sum(units)
         return np.array([float(t) for t in total]) * (float(radius) / QUANT_SCALE), int(c.shape[0])
+
+
+def _histogram(c: np.ndarray) -> dict[tuple[int, ...], int]:
+    """Persons per distinct row of ``c`` (n, k)."""
+    if c.shape[0] == 0:
+        return {}
+    uniq, cnt = np.unique(c, axis=0, return_counts=True)
+    return {tuple(int(x) for x in u): int(n) for u, n in zip(uniq, cnt)}
 
 
 def moments_from_histogram(hist: Mapping[tuple[int, ...], int], k: int) -> BatchMoments:

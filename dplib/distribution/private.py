@@ -40,8 +40,11 @@ noises, a Gamma(k, b_c) quantile, doubled by the projection), ``rho_1 = min(2, s
 ln(2 n^/beta)) / m) + r_c)``, ``rho_2 = min(sqrt 2, 3 / sqrt(m) + r_c)``. They shape accuracy
 only; privacy holds for any public value.
 
-``eta`` and ``omega`` are accepted for the robust estimators of a later increment and are
-unused by P0-P2 (which have no robustness beyond the trivial bias <= eta in TV).
+``eta`` and ``omega`` are unused by P0-P2 (which have no robustness beyond the trivial bias
+<= eta in TV). P3 (robust and private: the exponential mechanism over a simplex grid with the
+certified FRC score, :mod:`dplib.distribution.p3`) uses them in its public ``tau_cov``; it runs
+on exactly ``n0`` persons (a DP lower bound on the count, its own charge, then selection by
+keyed-hash rank and padding, :mod:`dplib.fixed_n`), so that its replace-one proof applies.
 """
 
 from __future__ import annotations
@@ -73,12 +76,21 @@ _gaussian_sigma = functools.lru_cache(maxsize=256)(gaussian_sigma)
 
 ALGORITHM = "batch-distribution"
 ALGORITHM_VERSION = "1"
-ESTIMATORS = ("P0", "P1", "P2")
+ESTIMATORS = ("P0", "P1", "P2", "P3")
 ESTIMATOR_NAMES = {
     "P0": "pooled Laplace (pure epsilon)",
     "P1": "l1-clipped Laplace around a private centre (pure epsilon)",
     "P2": "l2-clipped Gaussian around a private centre (approximate DP)",
+    "P3": "exponential mechanism on a simplex grid with the certified FRC score (robust, pure epsilon)",
 }
+#: P3's ways of making n public: a DP lower bound n0 with selection and padding (the default and
+#: the only one the job uses), or the paper's assumption that n is public (benchmarks only: it
+#: is DP under replace-one with n public, **not** under add/remove).
+P3_N_MODES = ("dp_lower_bound", "public_as_in_paper")
+#: P3's budget share of the person count n0 (sequential on the same persons).
+P3_COUNT_EPSILON_SHARE = 0.1
+#: P3's default closeness radius alpha (l1); G = ceil(2k / alpha) (k = 3: G = 100, spec §3.7).
+P3_DEFAULT_ALPHA = 0.06
 STATUS_OK = "OK"
 ERROR_LEVEL = 0.9
 #: Weight of the count released beside the clipped sum: ``(S, w n)``, ``w = COUNT_WEIGHT * rho``.
@@ -94,6 +106,8 @@ STAGE_POOLED = "pooled laplace"
 STAGE_CENTER = "centre (pooled laplace)"
 STAGE_CLIP_L1 = "l1-clipped sum"
 STAGE_CLIP_L2 = "l2-clipped sum"
+STAGE_COUNT = "person count (n0)"
+STAGE_P3 = "P3 exponential mechanism"
 
 
 def project_to_simplex(values: np.ndarray) -> np.ndarray:
@@ -143,12 +157,20 @@ class DistributionPlan:
         Public category list; ``k = len(categories) + 1`` (OTHER appended).
     m : int
         Draws per person (>= 1).
-    estimator : "P0", "P1" or "P2"
+    estimator : "P0", "P1", "P2" or "P3"
     beta : float, default 0.05
-        Failure probability in the radii (accuracy only).
+        Failure probability in the radii (accuracy only); for P3 also the failure probability
+        of the lower bound n0 (``P[n0 > n] <= beta``) and of tau_cov's null term.
     eta, omega : float, optional
-        Corruption bound and heterogeneity radius: accepted for the robust estimators of a
-        later increment; unused by P0-P2.
+        Corruption bound and heterogeneity radius: unused by P0-P2; P3's trimming level
+        ``eta_priv`` (default from alpha and m, spec §5) and heterogeneity allowance in tau_cov.
+    alpha : float, default 0.06
+        P3: closeness radius (l1) of the score's neighbourhood minimum.
+    grid_resolution : int, optional
+        P3: G (grid points ``i / G``); default ``ceil(2k / alpha)``.
+    p3_n_mode : "dp_lower_bound" (default) or "public_as_in_paper"
+        P3: see :data:`P3_N_MODES`. ``public_as_in_paper`` is for benchmarks only (its guarantee
+        is replace-one with n public) and is never set by the job.
     budget_mode : "parallel" or "sequential"
         P1/P2: the centre reads its own fixed hash range (``CENTER_FRACTION`` of the persons)
         and every stage gets the whole budget (parallel), or both stages read every person with
@@ -166,12 +188,15 @@ class DistributionPlan:
     budget: Budget
     categories: tuple[str, ...]
     m: int
-    estimator: Literal["P0", "P1", "P2"] = "P0"
+    estimator: Literal["P0", "P1", "P2", "P3"] = "P0"
     beta: float = 0.05
     eta: float | None = None
     omega: float | None = None
     budget_mode: Literal["parallel", "sequential"] = "parallel"
     group: GroupRange = ALL_PERSONS
+    alpha: float = P3_DEFAULT_ALPHA
+    grid_resolution: int | None = None
+    p3_n_mode: Literal["dp_lower_bound", "public_as_in_paper"] = "dp_lower_bound"
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, Budget):
@@ -188,6 +213,14 @@ class DistributionPlan:
         _check_unit_interval(self.omega, "omega", 0.0, 1.0)
         if self.budget_mode not in ("parallel", "sequential"):
             raise InvalidParameterError(f"budget_mode must be 'parallel' or 'sequential', got {self.budget_mode!r}")
+        if self.p3_n_mode not in P3_N_MODES:
+            raise InvalidParameterError(f"p3_n_mode must be one of {P3_N_MODES}, got {self.p3_n_mode!r}")
+        if self.estimator == "P3":
+            from dplib.distribution.p3 import p3_setup
+
+            if self.beta >= 0.5:
+                raise InvalidParameterError(f"beta must be < 0.5 for P3 (lower bound n0), got {self.beta!r}")
+            p3_setup(self.k, self.m, 1, self.alpha, self.grid_resolution, self.eta, self.omega, self.beta)
 
     @property
     def k(self) -> int:
@@ -197,12 +230,14 @@ class DistributionPlan:
     def stage_names(self) -> list[str]:
         if self.estimator == "P0":
             return [STAGE_POOLED]
+        if self.estimator == "P3":
+            return [STAGE_P3] if self.p3_n_mode == "public_as_in_paper" else [STAGE_COUNT, STAGE_P3]
         return [STAGE_CENTER, STAGE_CLIP_L1 if self.estimator == "P1" else STAGE_CLIP_L2]
 
     @property
     def groups(self) -> dict[str, GroupRange]:
         names = self.stage_names
-        if len(names) == 1 or self.budget_mode == "sequential":
+        if len(names) == 1 or self.budget_mode == "sequential" or self.estimator == "P3":
             return {s: self.group for s in names}
         parts = self.group.split([CENTER_FRACTION, 1.0 - CENTER_FRACTION])
         return dict(zip(names, parts))
@@ -212,6 +247,11 @@ class DistributionPlan:
         eps, delta = self.budget.epsilon, self.budget.delta
         if self.estimator == "P0":
             return {STAGE_POOLED: Budget(eps, 0.0)}
+        if self.estimator == "P3":  # n0 then the mechanism, sequential on the same persons
+            if self.p3_n_mode == "public_as_in_paper":
+                return {STAGE_P3: Budget(eps, 0.0)}
+            share = P3_COUNT_EPSILON_SHARE
+            return {STAGE_COUNT: Budget(eps * share, 0.0), STAGE_P3: Budget(eps * (1.0 - share), 0.0)}
         center, final = self.stage_names
         final_delta = delta if self.estimator == "P2" else 0.0
         if self.budget_mode == "parallel":
@@ -242,7 +282,8 @@ class DistributionPlan:
             "beta": self.beta,
             "eta": self.eta,
             "omega": self.omega,
-            "eta_omega_use": "unused by P0-P2 (accepted for the robust estimators)",
+            "eta_omega_use": "P3: trimming level and heterogeneity allowance in tau_cov"
+            if self.estimator == "P3" else "unused by P0-P2",
             "short_persons": "dropped (fewer than m records)",
             "budget_mode": self.budget_mode,
             "stages": [
@@ -370,11 +411,13 @@ class DistributionRelease:
         Probabilities over ``categories`` (non-negative, sum 1).
     categories : list of k str
         The public categories, then OTHER.
-    error_bar : ndarray (k,)
+    error_bar : ndarray (k,) or None
         Half-width of a 90% interval for the final stage's noise alone, per coordinate, divided
-        by the DP person count (not projection, sampling or clipping bias).
-    noise_scale : float
-        Laplace scale / Gaussian sigma of the final stage's noisy sum, in persons units.
+        by the DP person count (not projection, sampling or clipping bias). None for P3 (the
+        exponential mechanism has no per-coordinate noise scale).
+    noise_scale : float or None
+        Laplace scale / Gaussian sigma of the final stage's noisy sum, in persons units (None
+        for P3).
     epsilon, delta : float
         Composed cost charged.
     parameters : dict
@@ -384,10 +427,10 @@ class DistributionRelease:
     status: str
     estimate: np.ndarray
     categories: list[str]
-    error_bar: np.ndarray
+    error_bar: np.ndarray | None
     error_level: float
     error_covers: str
-    noise_scale: float
+    noise_scale: float | None
     epsilon: float
     delta: float
     parameters: dict = field(default_factory=dict)
@@ -432,11 +475,20 @@ def private_distribution(
     (epsilon_c, 0) and the l2-clipped Gaussian stage (epsilon_f, delta). Parallel mode: the
     stages read disjoint fixed hash ranges, (epsilon, delta) overall; sequential: epsilon/4 +
     3 epsilon/4. Radii and centre are post-processing of the centre stage and public inputs;
-    the projection is post-processing.
+    the projection is post-processing. P3: the count n0 (epsilon/10, Laplace) then the
+    exponential mechanism (9 epsilon/10) on the n0 selected and padded persons, sequential on
+    the same persons; (epsilon, 0) overall (:func:`dplib.distribution.p3.p3_release`). With
+    ``p3_n_mode = "public_as_in_paper"``: epsilon-DP under replace-one with n public only.
+
+    Raises (P3)
+    -----------
+    SolverError
+        A grid point's score could not be certified: the release is aborted after the charges
+        (the budget stays spent; nothing is released).
 
     References
     ----------
-    Spec §3.7 (P0-P2), §4.2, §5, §7.2, §8; Kamath et al., Algorithm 4.1 step 1.
+    Spec §3.7 (P0-P3), §4.2, §5, §7.2, §8; Kamath et al., Algorithm 4.1 step 1.
     """
     if backend.k != plan.k or backend.m != plan.m:
         raise InvalidParameterError(
@@ -455,6 +507,15 @@ def private_distribution(
         c = charges[stage]
         accountant.charge(c.stage, c.budget, c.group)
 
+    if plan.estimator == "P3":
+        from dplib.distribution.p3 import p3_release
+
+        estimate, p3_params = p3_release(backend, plan, noise, charge)
+        params.update(p3_params)
+        eps, delta = composed_cost(accountant.charges[start:])
+        covers = ("no error bar: the exponential mechanism has no per-coordinate noise scale (the output is a "
+                  "grid point; grid step 1/G and the closeness radius alpha bound its resolution)")
+        return DistributionRelease(STATUS_OK, estimate, names, None, ERROR_LEVEL, covers, None, eps, delta, params)
     if plan.estimator == "P0":
         charge(STAGE_POOLED)
         rel = pooled_laplace(backend, groups[STAGE_POOLED], budgets[STAGE_POOLED].epsilon, noise)

@@ -139,7 +139,7 @@ def test_dry_run_plan_and_config_errors(tmp_path):
         ({"categories": []}, "categories"),
         ({"categories": ["JFK", "JFK"]}, "categories"),
         ({"m": 0}, "m"),
-        ({"estimator": "P3"}, "estimator"),
+        ({"estimator": "P4"}, "estimator"),
         ({"eta": 0.9}, "eta"),
     ):
         with pytest.raises(ConfigError, match=field):

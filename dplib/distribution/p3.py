@@ -1,0 +1,320 @@
+"""P3: exact pure-DP exponential mechanism over a simplex grid with the certified FRC score.
+
+Spec ``../shared/specs/discrete_batches.md`` §0.0 (the score's sensitivity and its premises),
+§2.6b (FRC), §3.2 (score, closeness relaxation), §3.7 P3 (grid, sandwich, sampling), §5 (grid,
+eta_priv, tau_cov, gap), §7.2 (n public: n0 and padding), §8 #3-#5; Kamath, Majid, Moitra,
+Mouzakis, Ullman, Algorithm 4.1 / Definition 4.5 with the FRC in place of degree-6 SoS.
+
+Mechanism, on exactly ``n`` count vectors (``n = n0`` from :mod:`dplib.fixed_n`, padded with
+:func:`dummy_batch`)::
+
+    grid   G_grid = {i / G : i in Z^k_{>=0}, sum i = G}       (public, data-independent)
+    S0(nu) = n * d*(nu)        d* the FRC's minimal discard at nu with public tau_cov (§2.6b)
+    S_up   = n * upper         the verified bracket's upper end (:meth:`FRC.certify`), with
+                               n * (upper - lower) <= g for every grid point, else abort
+    S_a(nu)= min{S_up(nu') : nu' in grid, ||nu' - nu||_1 <= alpha}
+    output nu with probability prop. to exp(-epsilon * S_a(nu) / (2 (1 + g)))
+
+Privacy (replace-one on the n count vectors, spec §0.0): the exact ``S0`` has sensitivity <= 1
+**only** because (i) the covariance is the full measure's, normalised by n with the repair point
+(never the kept mass), (ii) the weights are fractional, (iii) ``tau_cov``, m, the grid and
+alpha are public and fixed before the data is read, (iv) the mechanism sees certified scores
+with the gap in batch units. Then ``S0 <= S_up <= S0 + g``, so ``S_up`` has sensitivity
+``<= 1 + g``; the minimum over a data-independent neighbourhood keeps it; the exponential
+mechanism at ``epsilon / (2 (1 + g))`` per unit is epsilon-DP (McSherry-Talwar). It is sampled
+exactly by report-noisy-max with Gumbel noise (OpenDP ``make_noisy_max`` on a secure source,
+:func:`dplib.mean.pure_reference.sample_exponential_mechanism`). A solver failure, or a bracket
+wider than g, aborts the release (:class:`~dplib.distribution.robust.SolverError`); it is never
+mapped to a score (spec §3.7, §8 #4).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from dplib.distribution.frc import FRC, tau_cov
+from dplib.distribution.robust import SolverError
+from dplib.errors import InvalidParameterError
+from dplib.mean.pure_reference import exponential_mechanism_probabilities, sample_exponential_mechanism
+from dplib.mechanisms import NoiseSource
+
+#: Largest k P3 accepts (spec §3.7: feasible for k <= 4-5).
+MAX_K = 5
+#: Largest number of grid points (each is one certified SDP solve, ~10 ms).
+MAX_GRID_POINTS = 20_000
+#: Sandwich gap g in batch units (spec §5: g <= 0.01).
+SANDWICH_GAP = 0.01
+#: Largest eta_priv (spec §5: eta_abs = 0.05) and the constant of its rule.
+ETA_PRIV_MAX = 0.05
+ETA_PRIV_CONSTANT = 1.5
+
+
+def grid_resolution(k: int, alpha: float) -> int:
+    """Default grid resolution ``G = ceil(2k / alpha)`` (spec §3.7, §5)."""
+    return int(math.ceil(2.0 * k / alpha - 1e-9))
+
+
+def grid_size(k: int, G: int) -> int:
+    """Number of grid points ``C(G + k - 1, k - 1)``."""
+    return math.comb(G + k - 1, k - 1)
+
+
+def simplex_grid(k: int, G: int) -> np.ndarray:
+    """All integer vectors of ``k`` non-negative entries summing to ``G``, shape (N, k) int64,
+    in lexicographic order (stars and bars). The grid points are ``rows / G``."""
+    rows = []
+    for bars in itertools.combinations(range(G + k - 1), k - 1):
+        edges = (-1,) + bars + (G + k - 1,)
+        rows.append([edges[j + 1] - edges[j] - 1 for j in range(k)])
+    return np.array(rows, dtype=np.int64).reshape(-1, k)
+
+
+def eta_priv(alpha: float, m: int) -> float:
+    """The internal trimming level (spec §5): the largest ``eta <= 0.05`` with
+    ``1.5 eta sqrt(ln(1/eta) / m) <= alpha / 4`` (``eta sqrt(ln(1/eta))`` increases on (0, 0.05],
+    so bisection finds it)."""
+    f = lambda e: ETA_PRIV_CONSTANT * e * math.sqrt(math.log(1.0 / e) / m)  # noqa: E731
+    if f(ETA_PRIV_MAX) <= alpha / 4.0:
+        return ETA_PRIV_MAX
+    lo, hi = 1e-12, ETA_PRIV_MAX
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if f(mid) <= alpha / 4.0 else (lo, mid)
+    return lo
+
+
+def dummy_batch(k: int, m: int) -> tuple[int, ...]:
+    """The fixed public padding batch: all ``m`` draws in OTHER (index ``k - 1``), i.e. the
+    point mass ``m e_OTHER``. Chosen before any data is read; a point mass is the batch the FRC
+    discards most cheaply when it is an outlier, and OTHER carries no named category (spec §7.2;
+    padding happens with probability <= beta and acts as corruption of at most ``n0 - n``
+    batches)."""
+    return tuple([0] * (k - 1) + [int(m)])
+
+
+def neighbourhood_offsets(k: int, radius: int) -> np.ndarray:
+    """Integer offsets ``delta`` (sum 0, ``sum |delta| <= radius``), shape (q, k): the grid's
+    l1 ball of radius ``radius / G`` (data-independent)."""
+    half = radius // 2  # sum |delta| = 2 * (positive part) for sum delta = 0
+    out = []
+    for pos in itertools.product(range(half + 1), repeat=k):
+        p = sum(pos)
+        if p > half:
+            continue
+        for neg in itertools.product(range(half + 1), repeat=k):
+            if sum(neg) == p and all(a == 0 or b == 0 for a, b in zip(pos, neg)):
+                out.append([a - b for a, b in zip(pos, neg)])
+    return np.array(out, dtype=np.int64).reshape(-1, k)
+
+
+def neighbourhood_min(grid: np.ndarray, scores: np.ndarray, G: int, alpha: float) -> np.ndarray:
+    """``S_a(nu) = min{S(nu') : nu' in grid, ||nu' - nu||_1 <= alpha}`` (spec §3.7).
+
+    ``grid`` (N, k) integer rows summing to ``G``; ``scores`` (N,). The neighbourhoods depend on
+    ``(k, G, alpha)`` only, so a minimum of sensitivity-``s`` functions has sensitivity ``s``."""
+    n_pts, k = grid.shape
+    radius = int(math.floor(alpha * G * (1.0 + 1e-12)))
+    base = G + 1
+    code = lambda rows: rows[:, : k - 1] @ (base ** np.arange(k - 1, dtype=np.int64))  # noqa: E731
+    lookup = np.full(base ** (k - 1), -1, dtype=np.int64)
+    lookup[code(grid)] = np.arange(n_pts)
+    out = np.asarray(scores, dtype=np.float64).copy()
+    for delta in neighbourhood_offsets(k, radius):
+        nb = grid + delta[None, :]
+        ok = np.all((nb >= 0) & (nb <= G), axis=1)
+        idx = np.full(n_pts, -1, dtype=np.int64)
+        idx[ok] = lookup[code(nb[ok])]
+        has = idx >= 0
+        out[has] = np.minimum(out[has], scores[idx[has]])
+    return out
+
+
+@dataclass(frozen=True)
+class P3Scores:
+    """Certified scores of every grid point (non-private; inside the mechanism only).
+
+    Attributes
+    ----------
+    grid : ndarray (N, k) int64
+        Integer grid rows (points are rows / G).
+    upper, lower : ndarray (N,)
+        ``n * upper``, ``n * lower`` of the verified brackets (batch units).
+    alpha_scores : ndarray (N,)
+        ``S_a`` from ``upper``.
+    n : int
+    tau : float
+    """
+
+    grid: np.ndarray
+    upper: np.ndarray
+    lower: np.ndarray
+    alpha_scores: np.ndarray
+    n: int
+    tau: float
+
+
+def p3_scores(
+    hist: Mapping[tuple[int, ...], int], m: int, G: int, alpha: float, tau: float, gap: float = SANDWICH_GAP
+) -> P3Scores:
+    """Certified FRC scores on the grid and their alpha-neighbourhood minimum.
+
+    Parameters
+    ----------
+    hist : mapping {tuple of k int: int}
+        Histogram of exactly n count vectors (after selection and padding).
+    m : int
+    G : int
+        Grid resolution.
+    alpha : float
+        Closeness radius (l1).
+    tau : float
+        Public ``tau_cov`` (trace units).
+    gap : float
+        Largest bracket width in batch units.
+
+    Raises
+    ------
+    SolverError
+        Some grid point could not be certified within ``gap`` by any solver (abort: no release).
+    """
+    frc = FRC(hist, m, tau)
+    k = frc.k
+    grid = simplex_grid(k, G)
+    upper = np.empty(grid.shape[0])
+    lower = np.empty(grid.shape[0])
+    for i, row in enumerate(grid):
+        cert = frc.certify(row / float(G), max_gap=gap)
+        upper[i], lower[i] = frc.n * cert.upper, frc.n * cert.lower
+    return P3Scores(grid, upper, lower, neighbourhood_min(grid, upper, G, alpha), frc.n, tau)
+
+
+def p3_probabilities(alpha_scores: np.ndarray, epsilon: float, gap: float = SANDWICH_GAP) -> np.ndarray:
+    """Exact output distribution over the grid: ``prop. exp(-epsilon S_a / (2 (1 + g)))``
+    (log domain). Shape (N,)."""
+    return exponential_mechanism_probabilities(-np.asarray(alpha_scores), epsilon, sensitivity=1.0 + gap)
+
+
+def p3_sample(alpha_scores: np.ndarray, epsilon: float, noise: NoiseSource, gap: float = SANDWICH_GAP) -> int:
+    """Draw a grid index from :func:`p3_probabilities` by Gumbel report-noisy-max (OpenDP
+    ``make_noisy_max`` on a secure noise source; seeded Gumbel in tests)."""
+    return sample_exponential_mechanism(-np.asarray(alpha_scores), epsilon, noise, sensitivity=1.0 + gap)
+
+
+@dataclass(frozen=True)
+class P3Setup:
+    """Public parameters of one P3 run (from the plan and ``n``, before the data is read)."""
+
+    k: int
+    m: int
+    n: int
+    G: int
+    alpha: float
+    eta: float
+    omega: float
+    beta: float
+    tau: float
+    gap: float
+
+    def describe(self) -> dict:
+        return {
+            "grid_resolution": self.G,
+            "grid_points": grid_size(self.k, self.G),
+            "alpha": self.alpha,
+            "eta_priv": self.eta,
+            "omega": self.omega,
+            "tau_cov": self.tau,
+            "sandwich_gap_batches": self.gap,
+            "dummy_batch": "all m draws in OTHER",
+        }
+
+
+def p3_setup(k: int, m: int, n: int, alpha: float, G: int | None, eta: float | None, omega: float | None,
+             beta: float, gap: float = SANDWICH_GAP) -> P3Setup:
+    """Public parameters: ``G`` (default ``ceil(2k/alpha)``), ``eta_priv`` (default
+    :func:`eta_priv`), ``tau_cov`` at ``eta_priv`` with ``n`` and ``omega`` (spec §3.7, §5).
+
+    Raises
+    ------
+    InvalidParameterError
+        k > 5, too many grid points, bad alpha / G / eta / omega.
+    """
+    if not 2 <= k <= MAX_K:
+        raise InvalidParameterError(f"P3 needs k <= {MAX_K} categories (incl. OTHER), got k = {k}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 2.0:
+        raise InvalidParameterError(f"alpha must be in (0, 2], got {alpha!r}")
+    G = grid_resolution(k, alpha) if G is None else G
+    if isinstance(G, bool) or not isinstance(G, int) or G < 1:
+        raise InvalidParameterError(f"grid_resolution must be an integer >= 1, got {G!r}")
+    if grid_size(k, G) > MAX_GRID_POINTS:
+        raise InvalidParameterError(
+            f"grid_resolution {G} at k = {k} gives {grid_size(k, G)} grid points, more than {MAX_GRID_POINTS}: "
+            "raise alpha or lower grid_resolution"
+        )
+    e = eta_priv(alpha, m) if eta is None else eta
+    w = 0.0 if omega is None else omega
+    return P3Setup(k, m, int(n), G, float(alpha), float(e), float(w), float(beta), tau_cov(k, n, m, e, w, beta), gap)
+
+
+def p3_release(backend, plan, noise: NoiseSource, charge) -> tuple[np.ndarray, dict]:
+    """Run P3 for :func:`dplib.distribution.private.private_distribution` (which validates the
+    backend and the whole plan against the accountant first). ``charge(stage)`` records a
+    stage's charge before it reads any data.
+
+    Steps (``p3_n_mode = "dp_lower_bound"``): charge the count, release ``n0``
+    (:func:`dplib.fixed_n.release_lower_bound`, l1 sensitivity 1); charge the mechanism; take
+    the histogram of the ``n0`` persons of smallest keyed-hash rank (``ranked_histogram``), pad
+    with :func:`dummy_batch` to ``n0`` (:func:`dplib.fixed_n.pad_histogram`); certified scores
+    with ``tau_cov`` at ``n0``; one exponential-mechanism draw. ``public_as_in_paper``: every
+    person of the group, ``n`` = their number (benchmarks only).
+
+    Returns
+    -------
+    (estimate (k,) on the simplex, release parameters: public setup and DP values only)
+
+    Raises
+    ------
+    SolverError
+        Certification failed for some grid point: abort after the charges, nothing released.
+
+    Privacy
+    -------
+    Add/remove one person: ``(epsilon_count + epsilon_em, 0)``. Conditioned on ``n0`` the
+    selected multiset changes by one substitution (:mod:`dplib.fixed_n`), and the mechanism is
+    epsilon_em-DP under substitution with n fixed (module docstring, spec §0.0, §3.7).
+    """
+    from dplib.distribution.private import STAGE_COUNT, STAGE_P3
+    from dplib.fixed_n import pad_histogram, release_lower_bound
+
+    k, m, group = plan.k, plan.m, plan.group
+    budgets = plan.stage_budgets
+    params: dict = {"p3_n_mode": plan.p3_n_mode}
+    if plan.p3_n_mode == "public_as_in_paper":
+        charge(STAGE_P3)
+        hist = backend.histogram(group)
+        n = sum(hist.values())
+        if n < 1:
+            raise InvalidParameterError("P3 with n public needs at least one person")
+        params["neighbouring"] = "replace one person, n public (as in the paper; benchmark only, not add/remove)"
+        params["n_public_as_in_paper"] = n
+    else:
+        charge(STAGE_COUNT)
+        n_exact, _ = backend.sums(group)
+        fixed = release_lower_bound(n_exact, budgets[STAGE_COUNT].epsilon, plan.beta, noise)
+        del n_exact
+        n = fixed.n0
+        params.update({"n0": n, "noisy_person_count": round(fixed.noisy_count, 1), "count_laplace_scale": fixed.laplace_scale})
+        charge(STAGE_P3)
+        hist = pad_histogram(backend.ranked_histogram(group, n), n, dummy_batch(k, m))
+    setup = p3_setup(k, m, n, plan.alpha, plan.grid_resolution, plan.eta, plan.omega, plan.beta)
+    scores = p3_scores(hist, m, setup.G, setup.alpha, setup.tau, setup.gap)
+    del hist
+    index = p3_sample(scores.alpha_scores, budgets[STAGE_P3].epsilon, noise, setup.gap)
+    estimate = scores.grid[index].astype(np.float64) / setup.G
+    del scores
+    params.update(setup.describe())
+    return estimate, params
