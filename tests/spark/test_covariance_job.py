@@ -113,3 +113,25 @@ def test_covariance_and_fail_release_to_delta_match_numpy(spark, records, tmp_pa
     _print_release(result)
     out = capsys.readouterr().out
     assert "cov (2 x 2)" in out and "FAIL" in out
+
+
+def test_gaussian_kind_runs_and_fails_as_a_charged_release(spark, records, tmp_path, monkeypatch):
+    """kind ``gaussian`` (Algorithm 5.2) through the job: 12,000 persons are below the gate of its
+    mean part at (epsilon/2, delta/2), so the release is FAIL after the DP count, fully charged, with
+    no estimate; the library path of an OK Gaussian is tested in tests/unit/test_covariance_private.py."""
+    path, _ = records
+    monkeypatch.setattr(job_mod, "new_salt", lambda: SALT)
+    stats = [{"name": "g", "kind": "gaussian", "columns": COLS, "share": 1.0, "options": {"lambda0": 10.0}}]
+    cfg = make_config(path, tmp_path, stats)
+    plan = statistic_plan(cfg, cfg.statistics[0])
+    assert plan.cost().epsilon == pytest.approx(1.0) and plan.cost().delta == pytest.approx(4e-4)
+    assert plan.minimum_persons() > N_PERSONS  # the gate FAIL, not the PTR, is what this test exercises
+    result = run_job(cfg, spark=spark, noise=SeededNoise(3), run_id="bhs-g")
+    (row,) = result.rows
+    assert row.status == "FAIL" and row.estimate is None
+    assert row.epsilon == pytest.approx(1.0) and row.delta == pytest.approx(4e-4)
+    assert result.epsilon_spent == pytest.approx(1.0)
+    params = json.loads(row.parameters)
+    assert 0 < params["n0"] <= N_PERSONS
+    table = read_delta(result.table_path, {"run_id": result.run_id}).to_pylist()
+    assert [r["status"] for r in table] == ["FAIL"]
