@@ -8,18 +8,30 @@ uniformly without replacement by the keyed-hash order of :mod:`dplib.distributio
 category list is public (config); values outside it, and nulls, count as OTHER (last index).
 No Python UDF; the person id is dropped after hashing.
 
-Two physical plans compute the same rows (tested equal):
+Three physical plans compute the same rows (tested equal, and equal to the numpy twin):
 
-- ``"window"`` (default): ``row_number()`` over ``Window.partitionBy(person).orderBy(key)``
-  and a pivoted ``groupBy(person)`` count (spec §7.1's plan).
-- ``"collect"``: one aggregation per person collecting ``(key, category)`` pairs (two longs
-  and an int per record), ``array_sort`` + ``slice`` to the m smallest keys, and per-category
-  sizes. Measured **slower** (``collect_list`` runs as an object hash aggregate that falls back
-  to sort-based aggregation beyond 128 keys per task), kept for comparison.
+- ``"bottomk"`` (default): one shuffle of the labelled records by person, then, inside each
+  shuffle partition, one sort by (person, label): a window ``row_number`` over (person, label)
+  numbers identical records ``j = 0, 1, ...``, the salted key is computed once per record, and
+  Spark's bounded aggregate ``min_by(category, (key, category), m)`` (Spark >= 4.2; a heap of at
+  most m entries per person, run as a sort aggregate on the order the window already produced)
+  keeps the m smallest keys. Counts per category come from native array expressions. No second
+  shuffle, no second sort, no per-person Python.
+  For ``m`` above Spark's limit of ``min_by``'s ``k`` (:data:`BOTTOM_K_LIMIT`) it falls back to
+  the window plan.
+- ``"window"``: numbering of identical records by an aggregation, then ``row_number()`` over
+  ``Window.partitionBy(person).orderBy(key)`` and a pivoted ``groupBy(person)`` count (spec
+  §7.1's plan; two shuffles and a sort of every record by its key).
+- ``"collect"``: as ``"window"`` up to the keys, then one aggregation per person collecting
+  ``(key, category)`` pairs, ``array_sort`` + ``slice`` to the m smallest. Slowest
+  (``collect_list`` runs as an object hash aggregate that falls back to sort-based aggregation
+  beyond 128 keys per task), kept for comparison.
 
-``benchmarks/batch_sampling.py`` measures both (numbers in benchmarks/README.md): on 10^6
-records the cost is dominated by the shared keying step (record JSON, two SHA-256 per record,
-numbering of duplicates), and the window plan adds little to it.
+Order of records: the key is compared as its first 30 hex digits (a string of lowercase hex
+digits of fixed length sorts exactly as the two 60-bit integers ``(k1, k2)`` of
+:func:`dplib.distribution.batches.record_keys`), then by the category index: the same total order
+as the numpy twin. ``benchmarks/batch_sampling.py`` measures the plans against a plain
+``groupBy(person, category).count()`` in the same run (numbers in benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -41,11 +53,15 @@ from dplib.errors import InvalidParameterError
 from dplib.groups import GroupRange, is_salt
 from spark_jobs.summarize import _valid_id
 
-PLANS = ("collect", "window")
+PLANS = ("bottomk", "collect", "window")
+#: Largest ``m`` of the ``"bottomk"`` plan (Spark's limit on ``min_by``'s ``k``); above it the
+#: window plan runs instead.
+BOTTOM_K_LIMIT = 100_000
 
 
-def _keyed_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values):
-    """Records -> (_pid, _cat, _k1, _k2): one row per record with its category index and key."""
+def _labelled_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values):
+    """Records -> (_pid, _cat, _label): one row per record with a valid person id, its category
+    index in the public list (OTHER = last) and the SHA-256 hex of its label."""
     from pyspark.sql import functions as F
 
     cats = check_categories(categories)
@@ -66,21 +82,40 @@ def _keyed_records(df, unit_column, category_column, categories, salt_hex, label
         label_cols.append(category_column)
     label = F.sha2(F.to_json(F.struct(*[F.col(c) for c in label_cols])), 256)
     uid = F.col(unit_column)
-    records = df.where(_valid_id(uid, null_values)).select(
+    return df.where(_valid_id(uid, null_values)).select(
         uid.cast("string").alias("_pid"), cat.alias("_cat"), label.alias("_label")
     )
-    # duplicates of (person, label) are identical records: number them 0..cnt-1
-    numbered = records.groupBy("_pid", "_label", "_cat").agg(F.count(F.lit(1)).alias("_cnt"))
-    numbered = numbered.select("_pid", "_label", "_cat", F.explode(F.sequence(F.lit(0), F.col("_cnt") - 1)).alias("_j"))
-    salt_df = df.sparkSession.createDataFrame([(salt_hex,)], "_salt string")  # data, not a literal
-    numbered = numbered.crossJoin(F.broadcast(salt_df))
+
+
+def _with_record_key(numbered, salt_hex):
+    """``(_pid, _label, _cat, _j)`` -> the same rows with ``_key``, the hex digest
+    ``SHA-256(salt || person || 0x1f || label || ":" || j)`` of :func:`record_keys`. The salt is
+    joined as data (a broadcast one-row table), never a literal in the plan."""
+    from pyspark.sql import functions as F
+
+    salt_df = numbered.sparkSession.createDataFrame([(salt_hex,)], "_salt string")
+    out = numbered.crossJoin(F.broadcast(salt_df))
     key = F.sha2(
         F.concat(F.col("_salt"), F.col("_pid"), F.lit(KEY_SEPARATOR), F.col("_label"), F.lit(":"), F.col("_j").cast("string")),
         256,
     )
+    return out.select("_pid", "_cat", key.alias("_key"))
+
+
+def _keyed_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values):
+    """Records -> (_pid, _cat, _k1, _k2): one row per record with its category index and key
+    (the window and collect plans)."""
+    from pyspark.sql import functions as F
+
+    records = _labelled_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values)
+    # duplicates of (person, label) are identical records: number them 0..cnt-1
+    numbered = records.groupBy("_pid", "_label", "_cat").agg(F.count(F.lit(1)).alias("_cnt"))
+    numbered = numbered.select("_pid", "_label", "_cat", F.explode(F.sequence(F.lit(0), F.col("_cnt") - 1)).alias("_j"))
+    keyed = _with_record_key(numbered, salt_hex)
+    key = F.col("_key")
     k1 = F.conv(F.substring(key, 1, KEY_HEX_DIGITS), 16, 10).cast("long")
     k2 = F.conv(F.substring(key, KEY_HEX_DIGITS + 1, KEY_HEX_DIGITS), 16, 10).cast("long")
-    return numbered.select("_pid", "_cat", k1.alias("_k1"), k2.alias("_k2"))
+    return keyed.select("_pid", "_cat", k1.alias("_k1"), k2.alias("_k2"))
 
 
 def _with_group(per_person, salt_hex):
@@ -102,7 +137,7 @@ def person_batches(
     salt_hex: str,
     label_columns: Sequence[str] | None = None,
     null_values: Sequence[str] = ("", "NA", "null", "NULL", "None"),
-    plan: str = "window",
+    plan: str = "bottomk",
 ):
     """Records -> one row per person with at least ``m`` records: ``_group``, ``counts``.
 
@@ -122,7 +157,8 @@ def person_batches(
         The run's secret salt (64 hex); joined as data, never a literal.
     label_columns : sequence of str, optional
         Columns whose JSON names a record (default: every column of ``df``).
-    plan : "window" (default) or "collect"
+    plan : "bottomk" (default), "window" or "collect"
+        Physical plan (module docstring); all give the same rows.
 
     Returns
     -------
@@ -140,6 +176,8 @@ def person_batches(
     if plan not in PLANS:
         raise InvalidParameterError(f"plan must be one of {PLANS}, got {plan!r}")
     k = len(check_categories(categories)) + 1
+    if plan == "bottomk" and m <= BOTTOM_K_LIMIT:
+        return _bottom_k_batches(df, unit_column, category_column, categories, m, salt_hex, label_columns, null_values)
     rec = _keyed_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values)
     if plan == "collect":
         per = rec.groupBy("_pid").agg(F.collect_list(F.struct("_k1", "_k2", "_cat")).alias("_recs"))
@@ -158,6 +196,30 @@ def person_batches(
     per_cat = _with_group(ranked.groupBy("_pid").pivot("_cat", list(range(k))).count(), salt_hex)
     counts = F.array(*[F.coalesce(F.col(str(j)), F.lit(0)) for j in range(k)])
     return per_cat.select("_group", counts.cast("array<int>").alias("counts"))
+
+
+def _bottom_k_batches(df, unit_column, category_column, categories, m, salt_hex, label_columns, null_values):
+    """The ``"bottomk"`` plan (module docstring): one shuffle, one sort, one pass."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    k = len(categories) + 1
+    rec = _labelled_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values)
+    # One shuffle by person; everything after it stays in the partition (hash partitioning by
+    # person satisfies the window's (person, label) clustering and the aggregation by person).
+    rec = rec.repartition("_pid")
+    # Identical records share (person, label) (and so the category, which is part of the label):
+    # number them 0..cnt-1. Their order among themselves is immaterial (they are identical).
+    same = Window.partitionBy("_pid", "_label").orderBy("_cat")
+    numbered = rec.select("_pid", "_label", "_cat", (F.row_number().over(same) - 1).alias("_j"))
+    keyed = _with_record_key(numbered, salt_hex)
+    order = F.struct(F.substring("_key", 1, 2 * KEY_HEX_DIGITS).alias("key"), F.col("_cat").alias("cat"))
+    per = keyed.groupBy("_pid").agg(F.min_by("_cat", order, m).alias("_cats"))
+    # fewer than m records: fewer than m kept (policy "drop")
+    per = _with_group(per.where(F.size("_cats") == F.lit(m)), salt_hex)
+    # count of category j among the m kept = m - size(array_remove(cats, j)) (native, no lambda)
+    counts = F.array(*[F.lit(m) - F.size(F.array_remove("_cats", F.lit(j))) for j in range(k)])
+    return per.select("_group", counts.cast("array<int>").alias("counts"))
 
 
 class SparkBatchAggregates:

@@ -20,7 +20,7 @@ import logging
 import sys
 
 from dplib.errors import DPError
-from spark_jobs.query import coordinate_labels
+from spark_jobs.query import coordinate_labels, matrix_lines
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -43,7 +43,12 @@ def _print_release(result) -> None:
     for r in result.rows:
         if r.status == "OK":
             level = f"({int(r.error_level * 100)}% error bar)"
-            if len(r.estimate) == 1:
+            if matrix_lines(r):
+                print(f"  {r.statistic} ({' x '.join(str(x) for x in r.estimate_shape)}):")
+                for line in matrix_lines(r):
+                    print(f"      {line}")
+                print(f"      {r.error_covers}")
+            elif len(r.estimate) == 1:
                 bar = "no error bar" if r.error_bar is None else f"+/- {r.error_bar[0]:.4f} {level}"
                 print(f"  {r.statistic}: {r.estimate[0]:.4f} {bar}")
             else:
@@ -100,6 +105,11 @@ def cmd_releases(args) -> int:
             return 2
         cols = list(rows[0].keys()) if args.format != "table" else RELEASE_COLUMNS + ["error_covers", "parameters"]
         print(render(rows, cols, args.format))
+        if args.format == "table":
+            for r in rows:
+                if matrix_lines(r):
+                    print(f"\n{r['statistic']} ({r['status']}, shape {r['estimate_shape']}):")
+                    print("\n".join(matrix_lines(r)))
         return 0
     print(render(rows[: args.limit], RELEASE_COLUMNS, args.format))
     return 0

@@ -277,8 +277,45 @@ class DistributionOptions(_Frozen):
         return v
 
 
+#: Config kinds of BHS23 (dplib.covariance.person): Algorithm 1, 5.1 on pairs, 5.2.
+BHS_KINDS = ("mean_affine", "covariance", "gaussian")
+
+
+class CovarianceOptions(_Frozen):
+    """Options of ``kind: mean_affine | covariance | gaussian`` (BHS23, ``dplib.covariance.person``).
+
+    ``lambda0`` (and ``lambda0_cov``, Algorithm 5.1's part of ``gaussian``): outlier thresholds,
+    public; default the library's rule at the DP n0. ``beta``: probability that n0 exceeds the
+    person count (then the set is padded with ``dummy``, a public vector, default zeros).
+    ``expected_persons``: a declared public person count; a config below the gate is refused
+    before any budget is reserved.
+    """
+
+    lambda0: float | None = None
+    lambda0_cov: float | None = None
+    beta: float = 0.05
+    dummy: tuple[float, ...] | None = None
+    expected_persons: int | None = None
+
+    @field_validator("lambda0", "lambda0_cov")
+    @classmethod
+    def _lam(cls, v: float | None) -> float | None:
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"must be a finite number > 0 (got {v!r})")
+        return v
+
+    @field_validator("beta")
+    @classmethod
+    def _beta(cls, v: float) -> float:
+        if not (math.isfinite(v) and 0 < v < 0.5):
+            raise ValueError(f"must be in (0, 0.5) (got {v!r})")
+        return v
+
+
 def _options_kind(v: Any) -> str:
     """Which options model a mapping is: distribution options name ``categories`` or ``m``."""
+    if isinstance(v, CovarianceOptions):
+        return "covariance"
     if isinstance(v, DistributionOptions):
         return "distribution"
     if isinstance(v, dict) and ({"categories", "m", "estimator"} & set(v)):
@@ -291,13 +328,26 @@ class StatisticConfig(_Frozen):
     composition across statistics, which all read the same persons)."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
-    kind: Literal["mean", "multivariate_mean", "distribution"]
+    kind: Literal["mean", "multivariate_mean", "distribution", "mean_affine", "covariance", "gaussian"]
     columns: tuple[str, ...] = Field(min_length=1)
     share: float
     options: Annotated[
-        Union[Annotated[MeanOptions, Tag("mean")], Annotated[DistributionOptions, Tag("distribution")]],
+        Union[
+            Annotated[MeanOptions, Tag("mean")],
+            Annotated[DistributionOptions, Tag("distribution")],
+            Annotated[CovarianceOptions, Tag("covariance")],
+        ],
         Discriminator(_options_kind),
     ] = MeanOptions()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bhs_options(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") in BHS_KINDS:
+            opts = data.get("options") or {}
+            if isinstance(opts, dict):
+                data = {**data, "options": CovarianceOptions(**opts)}
+        return data
 
     @field_validator("share")
     @classmethod
@@ -315,6 +365,18 @@ class StatisticConfig(_Frozen):
             if len(self.columns) != 1:
                 raise ValueError(f"kind 'distribution' takes exactly one categorical column (got {list(self.columns)})")
             return self
+        if self.kind in BHS_KINDS:
+            if not isinstance(o, CovarianceOptions):
+                raise ValueError(f"kind {self.kind!r} takes options lambda0, lambda0_cov, beta, dummy, expected_persons")
+            if len(set(self.columns)) != len(self.columns):
+                raise ValueError(f"columns must be distinct (got {list(self.columns)})")
+            if o.dummy is not None and len(o.dummy) != len(self.columns):
+                raise ValueError(f"options.dummy must hold one value per column ({len(self.columns)}), got {len(o.dummy)}")
+            if o.lambda0_cov is not None and self.kind != "gaussian":
+                raise ValueError("options.lambda0_cov is for kind 'gaussian' (kind 'covariance' takes options.lambda0)")
+            return self
+        if isinstance(o, CovarianceOptions):
+            raise ValueError(f"options of kind {self.kind!r} given to a BHS23 kind's model")
         if isinstance(o, DistributionOptions):
             raise ValueError("options.categories, options.m and options.estimator are for kind 'distribution'")
         if self.kind == "mean":
@@ -428,6 +490,8 @@ class JobConfig(_Frozen):
             raise ValueError(
                 "budget.delta must be > 0 for kind 'multivariate_mean' (an approximate-DP estimator)"
             )
+        if self.budget.delta == 0 and any(s.kind in BHS_KINDS for s in self.statistics):
+            raise ValueError(f"budget.delta must be > 0 for kinds {list(BHS_KINDS)} (BHS23, approximate DP)")
         for s in self.statistics:
             if s.kind == "distribution" and s.options.estimator == "P2" and self.budget.delta == 0:
                 raise ValueError(
@@ -438,7 +502,7 @@ class JobConfig(_Frozen):
         if dup:
             raise ValueError(f"statistic names must be unique; repeated: {dup}")
         for s in self.statistics:
-            if s.kind == "distribution":
+            if s.kind == "distribution" or s.kind in BHS_KINDS:
                 pass
             elif self.budget.delta == 0 and s.options.scale is not None and s.options.range_bound is None:
                 raise ValueError(
@@ -503,7 +567,8 @@ class JobConfig(_Frozen):
 
 
 def _known_fields() -> set[str]:
-    models = [InputConfig, PrivacyUnitConfig, BudgetConfig, MeanOptions, DistributionOptions, StatisticConfig, SummaryConfig,
+    models = [InputConfig, PrivacyUnitConfig, BudgetConfig, MeanOptions, DistributionOptions, CovarianceOptions,
+              StatisticConfig, SummaryConfig,
               OutputConfig, SparkConfig, LimitConfig, LedgerConfig, JobConfig]
     return {name for m in models for name in m.model_fields}
 

@@ -39,6 +39,8 @@ from dplib.mean.univariate import ALGORITHM, ALGORITHM_VERSION, UnivariateMeanPl
 from dplib.distribution.private import ALGORITHM as DIST_ALGORITHM
 from dplib.distribution.private import ALGORITHM_VERSION as DIST_VERSION
 from dplib.distribution.private import ESTIMATOR_NAMES, DistributionPlan, private_distribution
+from dplib.covariance.person import PersonBHSPlan, private_person_statistic
+from dplib.covariance.params import ALGORITHM_VERSION as BHS_VERSION
 from dplib.mechanisms import NoiseSource, production_noise
 from spark_jobs import __version__
 from spark_jobs.config import JobConfig, StatisticConfig
@@ -75,7 +77,17 @@ ESTIMAND_DISTRIBUTION = (
     "than m records left out; persons weighted equally)"
 )
 
-MeanPlan = Union[UnivariateMeanPlan, ScaleFreeMeanPlan, MultivariateMeanPlan, DistributionPlan]
+ESTIMAND_BHS = {
+    "mean_affine": "mean of the person vectors ({cols}) (each person's mean of their records; persons weighted equally)",
+    "covariance": "covariance of the person vectors ({cols}) (each person's mean of their records)",
+    "gaussian": "mean (row 0) and covariance (rows 1..d) of the person vectors ({cols}) (each person's mean of their records)",
+}
+BHS_HETEROGENEOUS = (
+    "person vectors are means over different numbers of records: a scale mixture, which raises the "
+    "FAIL rate and lowers accuracy, never privacy (spec section 7.4)"
+)
+
+MeanPlan = Union[UnivariateMeanPlan, ScaleFreeMeanPlan, MultivariateMeanPlan, DistributionPlan, PersonBHSPlan]
 
 
 def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
@@ -83,6 +95,17 @@ def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
     the config declares a scale."""
     total = Budget(cfg.budget.epsilon, cfg.budget.delta)
     opts = stat.options
+    if stat.kind in ("mean_affine", "covariance", "gaussian"):
+        return PersonBHSPlan(
+            kind=stat.kind,
+            budget=total.scaled(stat.share),
+            d=len(stat.columns),
+            lambda0=opts.lambda0,
+            lambda0_cov=opts.lambda0_cov,
+            beta=opts.beta,
+            dummy=opts.dummy,
+            expected_persons=opts.expected_persons,
+        )
     if stat.kind == "distribution":
         return DistributionPlan(
             budget=total.scaled(stat.share),
@@ -168,7 +191,14 @@ class JobPlan:
                 f"  - {c.stage:<48} persons {str(c.group):<12} epsilon={c.budget.epsilon:.4g} delta={c.budget.delta:.3g}"
             )
         for name, p in self.plans.items():
-            if isinstance(p, DistributionPlan) and p.estimator == "P3":
+            if isinstance(p, PersonBHSPlan):
+                lam = "default rule at n0" if p.lambda0 is None else f"{p.lambda0:g}"
+                lines.append(
+                    f"  {name}: BHS23 {p.kind}, d={p.d}, lambda0 {lam}; exactly n0 persons (DP lower bound, "
+                    f"beta={p.beta:g}, keyed-hash rank, padded with the public dummy); needs n0 >= "
+                    f"{p.minimum_persons()} persons, else FAIL (charged)"
+                )
+            elif isinstance(p, DistributionPlan) and p.estimator == "P3":
                 from dplib.distribution.p3 import grid_resolution, grid_size
 
                 G = p.grid_resolution or grid_resolution(p.k, p.alpha)
@@ -304,7 +334,7 @@ def _row(cfg, stat, run_id, lineage, created, noise, rel, *, estimand, algorithm
         algorithm_version=algorithm_version,
         status=rel.status,
         estimate=estimate,
-        estimate_shape=[estimate_size],
+        estimate_shape=list(estimate_size) if isinstance(estimate_size, list) else [estimate_size],
         epsilon=rel.epsilon,
         delta=rel.delta,
         neighbouring="add/remove all records of one person",
@@ -355,6 +385,53 @@ def _distribution_row(
         parameters=rel.parameters,
         run_key=run_key,
     )
+
+
+def _bhs_row(cfg, stat, plan: PersonBHSPlan, records, salt, noise, accountant, run_id, lineage, created, run_key=None):
+    """Person vectors (one cached Spark plan), n0, the BHS23 algorithm on Spark, one release row."""
+    from spark_jobs.covariance import SparkPersonVectors, person_vectors
+
+    columns = list(stat.columns)
+    persons = person_vectors(
+        records, cfg.privacy_unit.column, columns, salt, cfg.summary.m_min, cfg.privacy_unit.null_values
+    ).persist()
+    try:
+        out = private_person_statistic(SparkPersonVectors(persons, columns, salt), plan, noise, accountant, f"{stat.name}: ")
+    finally:
+        persons.unpersist()
+    log.debug("statistic %s: %d BHS23 data passes", stat.name, out.diagnostics.passes)
+    rel = out.release
+    d = len(columns)
+    estimate, shape = None, [d, d] if plan.kind == "covariance" else ([d + 1, d] if plan.kind == "gaussian" else [d])
+    if not rel.failed:
+        parts = {"mean_affine": [rel.mean], "covariance": [rel.covariance], "gaussian": [rel.mean, rel.covariance]}
+        estimate = [float(v) for a in parts[plan.kind] for v in np.ravel(a)]
+    status = _Status(rel.status, rel.epsilon, rel.delta)
+    params = {**rel.parameters, "coordinates": columns, "estimate_layout": shape, "hardening": rel.hardening,
+              "m_min": cfg.summary.m_min, "unequal_records": BHS_HETEROGENEOUS}
+    return _row(
+        cfg, stat, run_id, lineage, created, noise, status,
+        estimand=ESTIMAND_BHS[plan.kind].format(cols=", ".join(columns)),
+        algorithm=rel.algorithm,
+        algorithm_version=BHS_VERSION,
+        estimate=estimate,
+        estimate_size=shape,
+        noise_scale=None,
+        error_bar=None,
+        parameters=params,
+        run_key=run_key,
+    )
+
+
+@dataclass(frozen=True)
+class _Status:
+    """The fields of a release ``_row`` reads (BHS23 releases carry no error bar)."""
+
+    status: str
+    epsilon: float
+    delta: float
+    error_level: float = 0.0
+    error_covers: str = "none: BHS23 releases a draw (mean) or a Wishart (covariance); no error bar"
 
 
 def run_job(
@@ -464,6 +541,10 @@ def run_job(
         for stat in cfg.statistics:
             t1 = time.monotonic()
             plan = job_plan.plans[stat.name]
+            if isinstance(plan, PersonBHSPlan):
+                rows.append(_bhs_row(cfg, stat, plan, records, salt, noise, accountant, run_id, lineage, created, run_key))
+                log.info("statistic %s: %s", stat.name, rows[-1].status)
+                continue
             if isinstance(plan, DistributionPlan):
                 rows.append(
                     _distribution_row(

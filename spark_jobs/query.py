@@ -120,6 +120,22 @@ def coordinate_labels(r) -> list[str]:
     return list(get("columns"))
 
 
+def matrix_lines(r) -> list[str]:
+    """Text lines of a release whose estimate is a matrix (``estimate_shape`` of length 2, e.g.
+    BHS23's covariance d x d or gaussian (d+1) x d), rows labelled; [] for vectors."""
+    get = r.get if isinstance(r, dict) else lambda k: getattr(r, k)
+    shape, est = list(get("estimate_shape") or []), get("estimate")
+    if len(shape) != 2 or not est or len(est) != shape[0] * shape[1]:
+        return []
+    cols = list(get("columns"))
+    rows = cols if shape[0] == len(cols) else ["mean", *cols][: shape[0]]
+    width = max(len(c) for c in rows + cols)
+    out = [" " * width + "  " + "  ".join(c.rjust(12) for c in cols)]
+    for i, name in enumerate(rows):
+        out.append(name.ljust(width) + "  " + "  ".join(f"{v:12.6g}" for v in est[i * shape[1] : (i + 1) * shape[1]]))
+    return out
+
+
 def _section(r: dict, png: Path) -> str:
     return (
         f"<section><h2>{html.escape(r['statistic'])}</h2><img src='{png.name}' alt='{html.escape(r['statistic'])}'>"
@@ -149,6 +165,25 @@ def write_report(table: str, out_dir: str, run_id: str | None = None) -> Path:
     for r in sorted(rows, key=lambda r: r["statistic"]):
         png = out / f"{r['statistic']}.png"
         fig, ax = plt.subplots(figsize=(5.5, 1.8))
+        if r["status"] == "OK" and matrix_lines(r):
+            # a matrix (BHS23 covariance / gaussian): a heat map with the values written in
+            plt.close(fig)
+            rows_n, cols_n = r["estimate_shape"]
+            mat = [r["estimate"][i * cols_n : (i + 1) * cols_n] for i in range(rows_n)]
+            fig, ax = plt.subplots(figsize=(1.2 + 1.1 * cols_n, 0.9 + 0.6 * rows_n))
+            ax.imshow(mat, cmap="RdBu_r", aspect="auto")
+            labels = list(r["columns"]) if rows_n == cols_n else ["mean", *r["columns"]]
+            ax.set_xticks(range(cols_n), list(r["columns"]))
+            ax.set_yticks(range(rows_n), labels[:rows_n])
+            for i in range(rows_n):
+                for j in range(cols_n):
+                    ax.text(j, i, f"{mat[i][j]:.3g}", ha="center", va="center", fontsize=8)
+            ax.set_title(r["statistic"], fontsize=10)
+            fig.tight_layout()
+            fig.savefig(png, dpi=110)
+            plt.close(fig)
+            parts.append(_section(r, png))
+            continue
         if r["status"] == "OK" and r["estimate"] and len(r["estimate"]) > 1:
             # a vector: one row per coordinate, each with its own bar
             plt.close(fig)

@@ -38,7 +38,10 @@ def _valid_id(col, null_values):
     return cond
 
 
-def summarize(df, unit_column: str, value_columns: list[str], salt_hex: str, m_min: int = 1, null_values=("NA", "")):
+def summarize(
+    df, unit_column: str, value_columns: list[str], salt_hex: str, m_min: int = 1, null_values=("NA", ""),
+    keep_id: bool = False,
+):
     """Group records by person into person summaries (one Spark aggregation).
 
     Parameters
@@ -55,10 +58,13 @@ def summarize(df, unit_column: str, value_columns: list[str], salt_hex: str, m_m
         Minimum usable records per person and column.
     null_values : sequence of str
         Id values treated as missing.
+    keep_id : bool
+        Also keep the person id as ``_pid`` (string): for estimators that hash it again with
+        their own tag (BHS23's keyed order, :mod:`spark_jobs.covariance`). Never written out.
 
     Returns
     -------
-    DataFrame with columns ``_group``, ``<col>``, ``_m_<col>`` (lazy; cache it).
+    DataFrame with columns ``_group``, ``<col>``, ``_m_<col>`` (and ``_pid``) (lazy; cache it).
     """
     from pyspark.sql import functions as F
 
@@ -93,7 +99,7 @@ def summarize(df, unit_column: str, value_columns: list[str], salt_hex: str, m_m
     salt_df = df.sparkSession.createDataFrame([(salt_hex,)], "_salt string")
     per_person = per_person.crossJoin(F.broadcast(salt_df))
     group = F.conv(F.substring(F.sha2(F.concat(F.col("_salt"), F.col("_pid")), 256), 1, 8), 16, 10).cast("long")
-    cols = [group.alias("_group")]
+    cols = [group.alias("_group")] + ([F.col("_pid")] if keep_id else [])
     for c in value_columns:
         cols.append(F.when(F.col(f"_m_{c}") >= m_min, F.col(f"_avg_{c}")).alias(c))
         cols.append(F.col(f"_m_{c}"))

@@ -38,8 +38,16 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import numpy as np
-from scipy.linalg import solve_triangular
 
+from dplib.covariance.kernels import (
+    ExactSum,
+    core_levels,
+    exact_gram,
+    gram_from_sum,
+    gram_terms,
+    row_sq_norms,
+    whiten_rows,
+)
 from dplib.covariance.order import pair, random_order, reference_positions
 from dplib.errors import InputDataError
 
@@ -58,14 +66,22 @@ class ScanResult:
     top_positions: np.ndarray  # (T,) int64
     top_scores: np.ndarray  # (T,)
     top_rows: np.ndarray  # (T, d)
+    bucket_sums: dict[int, ExactSum] | None = None  # exact accumulators behind bucket_grams
 
     @property
     def max_score(self) -> float:
         return float(self.top_scores[0]) if self.top_scores.size else -np.inf
 
     def gram_below(self, level: int) -> np.ndarray:
-        """Gram of the active rows with ``s <= thresholds[level]`` (buckets 0..level)."""
+        """Gram of the active rows with ``s <= thresholds[level]`` (buckets 0..level); the exact
+        sum of their products when the backend kept its accumulators (both backends do)."""
         d = self.top_rows.shape[1]
+        if self.bucket_sums is not None:
+            acc = ExactSum(d * (d + 1) // 2)
+            for b in sorted(self.bucket_sums):
+                if b <= level:
+                    acc.merge(self.bucket_sums[b])
+            return gram_from_sum(acc, d)
         g = np.zeros((d, d))
         for b in sorted(self.bucket_grams):
             if b <= level:
@@ -77,6 +93,105 @@ class ScanResult:
 class CoreScan:
     counts: np.ndarray  # (2k + 2,) int64, rows per entry level 0..2k+1
     sums: np.ndarray  # (2k + 1, d), sum of (x_i - shift) per entry level 0..2k
+
+
+@dataclass
+class ScanPartial:
+    """Mergeable part of a Mahalanobis scan (one batch or partition); see :func:`scan_block`."""
+
+    counts: np.ndarray  # (L + 1,) rows per bucket
+    sums: dict[int, ExactSum]  # bucket -> exact Gram terms
+    top_positions: np.ndarray
+    top_scores: np.ndarray
+    top_rows: np.ndarray
+
+
+def _top(pos: np.ndarray, scores: np.ndarray, rows: np.ndarray, top_t: int):
+    """The ``top_t`` entries of largest score, ties by smaller position (a total order)."""
+    order = np.lexsort((pos, -scores))[:top_t]
+    return pos[order], scores[order], rows[order]
+
+
+def scan_block(factor: np.ndarray, y: np.ndarray, pos: np.ndarray, thresholds: np.ndarray, top_t: int) -> ScanPartial:
+    """Scores ``s_i = ||factor^{-1} y_i||^2`` of active rows ``y`` (b, d) at positions ``pos``,
+    bucketed by ``b_i = #{l : thresholds[l] < s_i}``: counts, exact Gram terms per bucket, top rows."""
+    thr = np.asarray(thresholds, dtype=np.float64)
+    d = y.shape[1]
+    counts = np.zeros(thr.size + 1, dtype=np.int64)
+    sums: dict[int, ExactSum] = {}
+    if y.shape[0] == 0:
+        return ScanPartial(counts, sums, np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros((0, d)))
+    scores = row_sq_norms(whiten_rows(factor, y))
+    buckets = np.searchsorted(thr, scores, side="left")
+    counts += np.bincount(buckets, minlength=thr.size + 1)
+    terms = gram_terms(y)
+    for b in np.unique(buckets):
+        sums[int(b)] = ExactSum(terms.shape[1]).add(terms[buckets == b])
+    return ScanPartial(counts, sums, *_top(np.asarray(pos, dtype=np.int64), scores, y, top_t))
+
+
+def merge_scan(a: ScanPartial, b: ScanPartial, top_t: int) -> ScanPartial:
+    """Combine two partial scans (associative and commutative up to identical results)."""
+    sums = {key: ExactSum(v.size).merge(v) for key, v in a.sums.items()}
+    for key, v in b.sums.items():
+        if key in sums:
+            sums[key].merge(v)
+        else:
+            sums[key] = ExactSum(v.size).merge(v)
+    top = _top(
+        np.concatenate([a.top_positions, b.top_positions]),
+        np.concatenate([a.top_scores, b.top_scores]),
+        np.concatenate([a.top_rows, b.top_rows]),
+        top_t,
+    )
+    return ScanPartial(a.counts + b.counts, sums, *top)
+
+
+def finish_scan(p: ScanPartial, d: int) -> ScanResult:
+    """The :class:`ScanResult` of a merged scan."""
+    counts_above = np.cumsum(p.counts[::-1])[::-1][1:].astype(np.int64)  # #{b > l}
+    grams = {b: gram_from_sum(acc, d) for b, acc in p.sums.items()}
+    return ScanResult(counts_above, grams, p.top_positions, p.top_scores, p.top_rows.reshape(-1, d), p.sums)
+
+
+@dataclass
+class CorePartial:
+    """Mergeable part of a core scan: rows per entry level and exact sums of ``x - shift``."""
+
+    counts: np.ndarray  # (2k + 2,)
+    sums: dict[int, ExactSum]  # level 0..2k -> (d,)
+
+
+def core_block(factor, shift, ref_white, x: np.ndarray, Lambda, k: int) -> CorePartial:
+    """Entry levels of mean rows ``x`` (b, d) against the whitened reference rows ``ref_white``."""
+    counts = np.zeros(2 * k + 2, dtype=np.int64)
+    sums: dict[int, ExactSum] = {}
+    if x.shape[0] == 0:
+        return CorePartial(counts, sums)
+    xc = x - shift
+    e = core_levels(whiten_rows(factor, xc), ref_white, Lambda, k)
+    counts += np.bincount(e, minlength=2 * k + 2)
+    for level in np.unique(e):
+        if level <= 2 * k:
+            sums[int(level)] = ExactSum(x.shape[1]).add(xc[e == level])
+    return CorePartial(counts, sums)
+
+
+def merge_core(a: CorePartial, b: CorePartial) -> CorePartial:
+    sums = {key: ExactSum(v.size).merge(v) for key, v in a.sums.items()}
+    for key, v in b.sums.items():
+        if key in sums:
+            sums[key].merge(v)
+        else:
+            sums[key] = ExactSum(v.size).merge(v)
+    return CorePartial(a.counts + b.counts, sums)
+
+
+def finish_core(p: CorePartial, k: int, d: int) -> CoreScan:
+    sums = np.zeros((2 * k + 1, d))
+    for level, acc in p.sums.items():
+        sums[level] = acc.value()
+    return CoreScan(p.counts, sums)
 
 
 class CovarianceBackend(Protocol):
@@ -121,23 +236,9 @@ def check_rows(x: object, name: str = "x") -> np.ndarray:
 
 
 def whiten(factor: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``rows @ factor^{-T}``: each row solved against the lower-triangular factor."""
-    return solve_triangular(factor, rows.T, lower=True, check_finite=False).T
-
-
-def entry_levels(dist: np.ndarray, Lambda: Sequence[float], k: int) -> np.ndarray:
-    """Entry level of each row of a distance block ``(b, M)`` (see ``core_scan``)."""
-    b, M = dist.shape
-    lam2 = 2.0 * np.asarray(Lambda, dtype=np.float64)
-    e = np.zeros(b, dtype=np.int64)
-    bad = np.flatnonzero((dist > lam2[0]).any(axis=1))
-    if bad.size:
-        top = np.sort(np.partition(dist[bad], M - 2 * k - 1, axis=1)[:, M - 2 * k - 1 :], axis=1)
-        # top[:, j] is the (M - 2k + j)-th smallest distance; level l needs D_(M-l) <= 2 Lambda_l
-        cond = top[:, ::-1] <= lam2[None, :]
-        first = np.where(cond.any(axis=1), cond.argmax(axis=1), 2 * k + 1)
-        e[bad] = first
-    return e
+    """``rows @ factor^{-T}`` (each row solved against the lower-triangular factor); see
+    :func:`dplib.covariance.kernels.whiten_rows` (row-wise deterministic)."""
+    return whiten_rows(factor, rows)
 
 
 class NumpyCovarianceBackend:
@@ -189,35 +290,17 @@ class NumpyCovarianceBackend:
 
     def gram(self, exclude: np.ndarray) -> np.ndarray:
         self.passes += 1
-        y = self._y[self._active(exclude)]
-        return y.T @ y
+        return gram_from_sum(exact_gram(self._y[self._active(exclude)]), self.d)
 
     def mahalanobis_scan(self, factor, exclude, thresholds, top_t) -> ScanResult:
         self.passes += 1
         thr = np.asarray(thresholds, dtype=np.float64)
         pos = np.flatnonzero(self._active(exclude))
-        scores = np.empty(pos.size)
+        part = scan_block(factor, self._y[pos[:0]], pos[:0], thr, top_t)
         for start in range(0, pos.size, SCAN_BATCH):
             blk = pos[start : start + SCAN_BATCH]
-            t = whiten(factor, self._y[blk])
-            scores[start : start + SCAN_BATCH] = np.einsum("ij,ij->i", t, t)
-        buckets = np.searchsorted(thr, scores, side="left")
-        counts_above = np.array([(buckets > ell).sum() for ell in range(thr.size)], dtype=np.int64)
-        grams = {}
-        for b in np.unique(buckets):
-            y = self._y[pos[buckets == b]]
-            grams[int(b)] = y.T @ y
-        t_eff = min(top_t, pos.size)
-        if t_eff:
-            cand = np.argpartition(-scores, t_eff - 1)[:t_eff] if t_eff < pos.size else np.arange(pos.size)
-            # include every row tied with the T-th score so the tie rule (smaller position) is exact
-            cut = scores[cand].min()
-            cand = np.flatnonzero(scores >= cut)
-            order = np.lexsort((pos[cand], -scores[cand]))[:t_eff]
-            cand = cand[order]
-        else:
-            cand = np.zeros(0, dtype=np.int64)
-        return ScanResult(counts_above, grams, pos[cand], scores[cand], self._y[pos[cand]])
+            part = merge_scan(part, scan_block(factor, self._y[blk], blk, thr, top_t), top_t)
+        return finish_scan(part, self.d)
 
     def fetch_rows(self, positions: np.ndarray) -> np.ndarray:
         if self._x is None:
@@ -228,25 +311,11 @@ class NumpyCovarianceBackend:
         if self._x is None:
             raise InputDataError("this backend holds no mean rows (Algorithm 5.1 backend)")
         self.passes += 1
-        tr = whiten(factor, ref_rows - shift)
-        tr_sq = np.einsum("ij,ij->i", tr, tr)
-        counts = np.zeros(2 * k + 2, dtype=np.int64)
-        sums = np.zeros((2 * k + 1, self.d))
-        xc_all = self._x - shift
-        t_all = whiten(factor, xc_all)
-        sq_all = np.einsum("ij,ij->i", t_all, t_all)
+        tr = whiten_rows(factor, ref_rows - shift)
+        part = core_block(factor, shift, tr, self._x[:0], Lambda, k)
         for start in range(0, self.n, CORE_BATCH):
-            stop = min(start + CORE_BATCH, self.n)
-            dist = t_all[start:stop] @ tr.T
-            dist *= -2.0
-            dist += sq_all[start:stop, None]
-            dist += tr_sq[None, :]
-            e = entry_levels(dist, Lambda, k)
-            counts += np.bincount(e, minlength=2 * k + 2)
-            for level in np.unique(e):
-                if level <= 2 * k:
-                    sums[level] += xc_all[start:stop][e == level].sum(axis=0)
-        return CoreScan(counts, sums)
+            part = merge_core(part, core_block(factor, shift, tr, self._x[start : start + CORE_BATCH], Lambda, k))
+        return finish_core(part, k, self.d)
 
     def reference_positions(self, M: int) -> np.ndarray:
         return reference_positions(self.n, M, self._salt)

@@ -1,5 +1,5 @@
 """Spark batches == numpy twin, exactly: per-person count vectors, n, sum c, sum c c^T, the
-histogram of distinct count vectors and the clipped sums; both physical plans; the sampling
+histogram of distinct count vectors and the clipped sums; the three physical plans; the sampling
 rule's uniformity on one person; the category list comes from the config, not the data."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def frame(spark):
     return rows, df
 
 
-@pytest.mark.parametrize("plan", ["collect", "window"])
+@pytest.mark.parametrize("plan", ["bottomk", "collect", "window"])
 def test_spark_batches_equal_numpy_twin(spark, frame, plan):
     rows, df = frame
     m = 4
@@ -118,7 +118,7 @@ def test_keyed_order_is_uniform_per_person(spark):
     assert 85 <= hits <= 115, hits
 
 
-@pytest.mark.parametrize("plan", ["window", "collect"])
+@pytest.mark.parametrize("plan", ["bottomk", "window", "collect"])
 def test_label_without_the_category_cannot_bias_the_draws(spark, plan):
     """Review regression: with ``label_columns`` naming only the person, records {A, B} of one
     person got the same key and the tie went to the lower category index (A 600/600). The
@@ -131,3 +131,52 @@ def test_label_without_the_category_cannot_bias_the_draws(spark, plan):
     assert len(got) == 200
     # Binomial(200, 1/2): mean 100, sd 7.1 (+-3.5 sd); the bug gave 200 (power ~1)
     assert 75 <= hits <= 125, hits
+
+
+def _twin_rows(rows, m, cols=("pid", "dest", "flight")):
+    twin = NumpyBatches([r["pid"] for r in rows], [r["dest"] for r in rows], _labels(rows, list(cols)), CATS, m, SALT)
+    return sorted((int(g), tuple(int(x) for x in c)) for g, c in zip(twin.group, twin.counts))
+
+
+def test_bottomk_with_many_identical_records(spark):
+    """Persons whose records are mostly exact copies (2-3 distinct rows, 5-40 records): the
+    duplicate numbering decides which copies are kept; bottom-k == numpy twin for m from 1 to
+    above most persons' record counts, with an independent check of who is kept."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for p in range(40):
+        kinds = [("JFK", 1), ("LAX", 2), ("SFO", 1)][: int(rng.integers(2, 4))]
+        for _ in range(int(rng.integers(5, 41))):
+            d, f = kinds[int(rng.integers(0, len(kinds)))]
+            rows.append({"pid": f"q{p}", "dest": d, "flight": f})
+    df = spark.createDataFrame(rows, "pid string, dest string, flight int")
+    per_person = Counter(r["pid"] for r in rows)
+    for m in (1, 7, 30):
+        got = person_batches(df, "pid", "dest", CATS, m, SALT, null_values=[], plan="bottomk").collect()
+        got = sorted((int(r["_group"]), tuple(r["counts"])) for r in got)
+        assert got == _twin_rows(rows, m)
+        assert len(got) == sum(1 for v in per_person.values() if v >= m)
+
+
+def test_bottomk_falls_back_to_window_above_the_min_by_limit(spark, frame, monkeypatch):
+    """m above Spark's limit on min_by's k runs the window plan (same rows): the limit is
+    lowered to 2 here so that m = 3 takes the fallback path."""
+    import spark_jobs.batches as sb
+
+    rows, df = frame
+    monkeypatch.setattr(sb, "BOTTOM_K_LIMIT", 2)
+    plan = sb.person_batches(df, "pid", "dest", CATS, 3, SALT, null_values=[])
+    assert "min_by" not in plan._jdf.queryExecution().optimizedPlan().toString()
+    got = sorted((int(r["_group"]), tuple(r["counts"])) for r in plan.collect())
+    assert got == _twin_rows(rows, 3)
+    monkeypatch.setattr(sb, "BOTTOM_K_LIMIT", 100_000)
+    assert "min_by" in sb.person_batches(df, "pid", "dest", CATS, 3, SALT, null_values=[])._jdf.queryExecution().optimizedPlan().toString()
+
+
+def test_bottomk_plan_shuffles_the_records_once(spark, frame):
+    """The default plan moves each record across the network once (one exchange below the
+    per-person rows; the salt and the final aggregate only add broadcasts / a single row)."""
+    _, df = frame
+    out = person_batches(df, "pid", "dest", CATS, 2, SALT, null_values=[])
+    plan = out._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("Exchange hashpartitioning") == 1, plan

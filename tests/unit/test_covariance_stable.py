@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dplib.covariance.backend import NumpyCovarianceBackend, entry_levels, whiten
+from dplib.covariance.backend import NumpyCovarianceBackend, whiten
+from dplib.covariance.kernels import entry_levels
 from dplib.covariance.literal import largest_good_subset, stable_covariance_literal, stable_mean_literal
 from dplib.covariance.order import pair
 from dplib.covariance.params import core_thresholds, thresholds
