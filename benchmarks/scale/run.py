@@ -1,7 +1,7 @@
 """Scale benchmark runner: the product's Spark passes against plain Spark (and DuckDB), in one run.
 
     python -m benchmarks.scale.run --sizes 1e6,1e7 [--skews uniform,zipf] [--repeats 3]
-        [--job] [--memory-persons 1e5,1e6,1e7 --memory-records 1e7] [--data-dir build/scale-data]
+        [--passes summarize1,summarize8,batches] [--job] [--memory-persons 1e5,1e6,1e7 --memory-records 1e7] [--data-dir build/scale-data]
 
 For each size (records; persons = records / --records-per-person) and skew it writes the
 synthetic records once (``benchmarks/scale/data.py``; reused by later runs), then times, with
@@ -115,7 +115,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--m", type=int, default=10, help="draws per person of the batches and the job")
     ap.add_argument("--job", action="store_true", help="also time the whole release job")
-    ap.add_argument("--no-passes", action="store_true", help="skip the summarize / batches comparisons")
+    ap.add_argument("--passes", type=lambda s: [x for x in s.split(",") if x], default=["summarize1", "summarize8", "batches"],
+                    help="comma list of summarize1, summarize8, batches (empty: none)")
     ap.add_argument("--no-duckdb", action="store_true")
     ap.add_argument("--memory-persons", type=lambda s: [_num(x) for x in s.split(",") if x], default=[])
     ap.add_argument("--memory-records", type=_num, default=10**7)
@@ -146,11 +147,12 @@ def main(argv=None) -> None:
             print(f"## {case} (data ready in {time.perf_counter() - t:.0f} s: {path})", flush=True)
             df = spark.read.parquet(path)
             plan = []
-            if not args.no_passes:
-                for d in (1, 8):
+            for d in (1, 8):
+                if f"summarize{d}" in args.passes:
                     plan.append((f"summarize d={d}", f"plain per-person d={d}",
                                  lambda d=d: ops.force(ops.plain_person(df, d)),
                                  lambda d=d: ops.force(ops.summarize_pass(df, d)), 1.3))
+            if "batches" in args.passes:
                 plan.append((f"batches m={args.m}", "plain person x category",
                              lambda: ops.force(ops.plain_person_category(df)),
                              lambda: ops.force(ops.batches_pass(df, args.m)), 1.5))
