@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -171,6 +172,8 @@ def main(argv=None) -> None:
                 if args.json:
                     with open(args.json, "a") as fh:
                         fh.write(json.dumps(r) + "\n")
+            if args.job:
+                shutil.rmtree(tmp, ignore_errors=True)
             if not args.no_duckdb:
                 for name, secs in duckdb_times(path, args.repeats, 2).items():
                     duck.append((case, name, secs, records / secs))
