@@ -84,7 +84,12 @@ def summarize(
         # shuffle order, which depends on partitioning (and so on other persons); its last bits
         # could move a person across a histogram bin edge. Sorting makes Y_i a function of the
         # person's own multiset of values.
-        aggs.append(F.array_sort(F.collect_list(usable)).alias(f"_vals_{c}"))
+        # sort_array, not array_sort: the same ascending order here (collect_list drops nulls,
+        # NaN was mapped to null; the two orders differ only on nulls), but sort_array is
+        # generated code while array_sort evaluates a comparator lambda per comparison
+        # (measured ~1.3x faster on the whole pass, benchmarks/README.md). Ties are equal values
+        # or -0.0 / 0.0, whose order cannot change a sum that starts at +0.0.
+        aggs.append(F.sort_array(F.collect_list(usable)).alias(f"_vals_{c}"))
     per_person = records.groupBy(uid.cast("string").alias("_pid")).agg(*aggs)
     sums = {}
     for c in value_columns:

@@ -108,3 +108,22 @@ def test_csv_ids_are_strings_and_bad_tokens_dropped(spark, tmp_path):
     gi = dict(zip(group_index(["007", "7"], SALT), ["007", "7"]))
     by_id = {gi[int(g)]: (x, m) for g, x, m in zip(got["_group"], got["x"], got["_m_x"])}
     assert by_id == {"007": (1.0, 1), "7": (3.0, 1)}
+
+
+def test_person_mean_is_the_sorted_left_to_right_sum(spark):
+    """Bit for bit: a person's mean is 0.0 + v_(1) + v_(2) + ... over the ascending values,
+    divided by the count (signed zeros, ties, mixed signs and magnitudes; any partitioning)."""
+    vals = [1.0, 0.1, -0.0, 1.0, 0.0, 1e16, -1e16, 0.1, 3.0, -2.5, 1e-300, -0.0]
+    rows = [("p", v) for v in vals] + [(f"q{i}", float(i)) for i in range(50)]
+    df = spark.createDataFrame(rows, "uid string, x double")
+    total = 0.0
+    for v in sorted(vals):
+        total += v
+    expected = total / len(vals)
+    # the values tell the orders apart: exact sum, record order and reverse order all differ
+    assert len({expected, math.fsum(vals) / len(vals), sum(vals) / len(vals), sum(vals[::-1]) / len(vals)}) == 4
+    gi = int(group_index(["p"], SALT)[0])
+    for parts in (1, 5):
+        got = summarize(df.repartition(parts), "uid", ["x"], SALT).toPandas()
+        row = got.loc[got["_group"] == gi]
+        assert float(row["x"].iloc[0]) == expected and int(row["_m_x"].iloc[0]) == len(vals)

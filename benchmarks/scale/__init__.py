@@ -1,0 +1,1 @@
+"""Scale benchmark: the product's Spark passes against plain Spark and DuckDB (see benchmarks/README.md)."""
