@@ -45,6 +45,7 @@ import argparse
 import math
 import os
 import platform
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -257,28 +258,45 @@ def section_robust(args) -> None:
     ratios = {}  # (attack label, eta, estimator) -> list of TV / rate
     statuses = {}
     t_start = time.perf_counter()
-    for eta in etas:
-        for ai, (a, param) in enumerate(ATTACKS):
-            label = a if a in ("A0", "A1", "A3") else f"{a}({param:g})"
-            for seed in range(args.seeds):
-                rng = np.random.default_rng([seed, int(eta * 1000), ai])
-                mu = mu_family(family, k, rng)
-                clean = rng.multinomial(m, mu, size=n)
-                data = attack(a, param, clean, mu, m, eta, rng)
-                for name in names:
-                    ctx = Context(m=m, eta=eta, epsilon=args.epsilon, delta=args.delta, rng=np.random.default_rng([seed, 7]))
-                    t0 = time.perf_counter()
-                    est = REGISTRY[name].fn(data, ctx)
-                    seconds[name] += time.perf_counter() - t0
-                    ratios.setdefault((label, eta, name), []).append(tv(est, mu) / rate(eta, m))
-                    if "status" in ctx.info:
-                        statuses.setdefault((label, eta, name), []).append(ctx.info["status"])
-            print(f"  [{time.perf_counter() - t_start:.0f} s] eta={eta:g} {label} done", file=sys.stderr, flush=True)
+    done = 0  # seeds completed over every (eta, attack); Ctrl-C or SIGTERM keeps the table of those
+    ncalls = {name: 0 for name in names}
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        for seed in range(args.seeds):  # seeds outermost (data depend on (seed, eta, attack) only)
+            for eta in etas:
+                for ai, (a, param) in enumerate(ATTACKS):
+                    label = a if a in ("A0", "A1", "A3") else f"{a}({param:g})"
+                    rng = np.random.default_rng([seed, int(eta * 1000), ai])
+                    mu = mu_family(family, k, rng)
+                    clean = rng.multinomial(m, mu, size=n)
+                    data = attack(a, param, clean, mu, m, eta, rng)
+                    for name in names:
+                        ctx = Context(m=m, eta=eta, epsilon=args.epsilon, delta=args.delta, rng=np.random.default_rng([seed, 7]))
+                        t0 = time.perf_counter()
+                        est = REGISTRY[name].fn(data, ctx)
+                        seconds[name] += time.perf_counter() - t0
+                        ncalls[name] += 1
+                        ratios.setdefault((label, eta, name), []).append(tv(est, mu) / rate(eta, m))
+                        if "status" in ctx.info:
+                            statuses.setdefault((label, eta, name), []).append(ctx.info["status"])
+            done = seed + 1
+            print(f"  [{time.perf_counter() - t_start:.0f} s] seed {seed} done", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        print(f"interrupted: table of the {done} seeds completed", file=sys.stderr, flush=True)
+    if done == 0:
+        return
+    for table in (ratios, statuses):
+        for key in table:
+            del table[key][done:]
     robust = [x for x in ("filter", "FRC") if x in names]
-    print(f"\n### Robust: TV / (eta sqrt(ln(1/eta)/m)), k={k} m={m} n={n} mu={family}, {args.seeds} seeds, "
-          f"private rows at epsilon={args.epsilon} (P2 delta={args.delta}); {time.perf_counter() - t_start:.0f} s\n")
+    print(f"\n### Robust: TV / (eta sqrt(ln(1/eta)/m)), k={k} m={m} n={n} mu={family}, {done} seeds"
+          f"{'' if done == args.seeds else f' (of {args.seeds} requested; interrupted)'}, private rows at epsilon={args.epsilon} (P2 delta={args.delta}); {time.perf_counter() - t_start:.0f} s\n")
     print("mean over seeds [95th percentile]; OVERTRIM: runs whose discard exceeded 3 eta; mean seconds per call: "
-          + ", ".join(f"{x} {seconds[x] / (len(etas) * len(ATTACKS) * args.seeds):.3g}" for x in names) + "\n")
+          + ", ".join(f"{x} {seconds[x] / max(ncalls[x], 1):.3g}" for x in names) + "\n")
     print("| attack | eta | rate | " + " | ".join(names) + "".join(f" | {x} OVERTRIM" for x in robust) + " |")
     print("|---|---|---|" + "---|" * (len(names) + len(robust)))
     for eta in etas:
