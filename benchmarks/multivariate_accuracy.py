@@ -44,6 +44,7 @@ A run whose release is ``INSUFFICIENT_DATA`` counts as an infinite error (column
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import platform
@@ -71,12 +72,7 @@ PDP_MAX_RECORDS = 10**6
 CHUNK_FLOATS = 4_000_000
 FLIGHT_COLUMNS = ["arr_delay", "dep_delay", "air_time"]
 
-try:
-    import pipeline_dp  # noqa: F401
-
-    HAVE_PDP = True
-except ImportError:  # pragma: no cover
-    HAVE_PDP = False
+HAVE_PDP = importlib.util.find_spec("pipeline_dp") is not None
 
 
 # ---------------------------------------------------------------------------------------------
