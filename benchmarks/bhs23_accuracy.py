@@ -61,6 +61,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.multivariate_accuracy import fmt, q, ratio  # noqa: E402  (same percentile and format rules)
 from dplib.aggregates import NumpyAggregates  # noqa: E402
 from dplib.budget import Budget  # noqa: E402
 from dplib.covariance import (  # noqa: E402
@@ -195,32 +196,6 @@ def run_rep(dist: str, n: int, conds: list[float], lambda0, seed0: int, rep: int
 # ---------------------------------------------------------------------------------------------
 # Tables
 # ---------------------------------------------------------------------------------------------
-
-
-def q(v, p):
-    """Linear-interpolated percentile; an infinite error (FAIL) in the way gives inf."""
-    if not len(v):
-        return math.nan
-    a = np.sort(np.asarray(v, dtype=float))
-    pos = p / 100.0 * (a.size - 1)
-    lo, hi = a[math.floor(pos)], a[math.ceil(pos)]
-    if math.isinf(hi):
-        return math.inf
-    return float(lo + (hi - lo) * (pos - math.floor(pos)))
-
-
-def fmt(x) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    if math.isinf(x):
-        return "inf"
-    return f"{x:.3g}"
-
-
-def ratio(a: float, b: float) -> float:
-    if not (b > 0) or math.isnan(a) or math.isnan(b) or math.isinf(b):
-        return math.nan
-    return a / b
 
 
 def cell_key(r: dict) -> tuple:
