@@ -58,6 +58,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import chi2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -171,12 +172,15 @@ def run_rep(dist: str, n: int, conds: list[float], lambda0, seed0: int, rep: int
         t0 = time.perf_counter()
         row["np"] = mahalanobis(x.mean(axis=0), mu, a_inv)
         backend = numpy_backend(x, salt)
-        out = private_mean(backend, mean_plan, SeededNoise([seed0, rep, 1]))
+        out = private_mean(backend, mean_plan, SeededNoise([seed0, rep, 1]), keep_internals=True)
         row["BHS"] = mahalanobis(out.release.mean, mu, a_inv)
+        # debug-only scores (synthetic data, benchmark table; never part of a release)
+        row["score1"], row["score2"] = out.diagnostics.internals["score1"], out.diagnostics.internals["score2"]
         row["t_BHS"] = time.perf_counter() - t0
         if do_cov:
             t1 = time.perf_counter()
-            cov = private_covariance(backend, cov_plan, SeededNoise([seed0, rep, 2]))
+            cov = private_covariance(backend, cov_plan, SeededNoise([seed0, rep, 2]), keep_internals=True)
+            row["score_cov"] = cov.diagnostics.internals["score_cov"]
             row.update(cov_errors(cov.release.covariance, np.cov(x, rowvar=False), sigma))
             row["t_cov"] = time.perf_counter() - t1
         del backend
@@ -218,32 +222,69 @@ def col(rs: list[dict], m: str) -> list[float]:
     return [r[m] for r in rs if m in r]
 
 
+def plan_for(n: int, lambda0: float) -> PrivateMeanPlan:
+    """The row's Algorithm 1 plan (rows store the lambda0 used; 50 is the only fixed value run)."""
+    return PrivateMeanPlan(Budget(EPSILON, DELTA), n, D, 50.0 if lambda0 == 50.0 else None)
+
+
+def law_quantile(n: int, lambda0: float, p: float) -> float:
+    """p-quantile of ||mu~ - mu||_Sigma when SCORE = 0 and Sigma_hat = Sigma (Gaussian data): the
+    error is sqrt((1/n + c^2) chi^2_d) (empirical mean plus N(0, c^2 Sigma)), spec §4.1."""
+    return math.sqrt((1.0 / n + plan_for(n, lambda0).c2) * chi2.ppf(p, D))
+
+
+def n_for_ratio(target: float, lambda0: float, n_lo: int) -> int:
+    """Smallest n (bisection) with sqrt(1 + c^2 n) <= target, the law's ratio BHS/np of medians."""
+    def ok(n: int) -> bool:
+        return math.sqrt(1.0 + plan_for(n, lambda0).c2 * n) <= target
+
+    lo, hi = n_lo, n_lo
+    while not ok(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > max(1, lo // 1000):
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
+def scores(rs: list[dict]) -> str:
+    """Range of (SCORE1, SCORE2) of Algorithm 1 over the repetitions (debug output), k = FAIL for sure."""
+    s1, s2 = col(rs, "score1"), col(rs, "score2")
+    if not s1:
+        return "-"
+    return f"({min(s1)}-{max(s1)}, {min(s2)}-{max(s2)}) k={rs[0]['k']}"
+
+
 def print_tables(rows: list[dict]) -> None:
     cells = group(rows)
     print(f"\nMahalanobis error ||mu~ - mu||_Sigma, median / p90 (epsilon={EPSILON}, delta={DELTA}, d={D});"
           " R = repetitions; FAIL = BHS23 FAIL count, INS = clip-and-noise INSUFFICIENT_DATA count (CN/CNd)\n")
-    print("| cell | R | np | BHS | CN (private scales) | CNd (declared scales) | BHS/np | CN/np | CNd/np | FAIL | INS |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| cell | R | np | BHS | BHS law | CN (private scales) | CNd (declared scales) | BHS/np | CN/np | CNd/np | FAIL | INS | scores |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key, rs in cells.items():
         e = {m: col(rs, m) for m in METHODS}
         cells_txt = [f"{fmt(q(e[m], 50))} / {fmt(q(e[m], 90))}" if e[m] else "-" for m in METHODS]
+        law = f"{fmt(law_quantile(key[1], key[2], 0.5))} / {fmt(law_quantile(key[1], key[2], 0.9))}" if key[0] == "gauss" else "-"
+        cells_txt.insert(2, law)
         rat = [f"{fmt(ratio(q(e[m], 50), q(e['np'], 50)))} [{fmt(ratio(q(e[m], 90), q(e['np'], 90)))}]" if e[m] else "-"
                for m in ("BHS", "CN", "CNd")]
         fails = sum(math.isinf(v) for v in e["BHS"])
         ins = f"{sum(math.isinf(v) for v in e['CN'])}/{sum(math.isinf(v) for v in e['CNd'])}" if e["CN"] else "-"
-        print(f"| {cell_name(key)} | {len(rs)} | " + " | ".join(cells_txt) + " | " + " | ".join(rat) + f" | {fails} | {ins} |")
+        print(f"| {cell_name(key)} | {len(rs)} | " + " | ".join(cells_txt) + " | " + " | ".join(rat) + f" | {fails} | {ins} | {scores(rs)} |")
     print("\nratios are of medians, [of p90s]\n")
     cov_rows = [(k, [r for r in rs if "spec" in r]) for k, rs in cells.items()]
     cov_rows = [(k, rs) for k, rs in cov_rows if rs]
     if cov_rows:
         print("BHS23 Algorithm 5.1 on the floor(n/2) paired rows vs the non-private covariance S = np.cov(x), median / p90;"
               " spec, frob = ||S^-1/2 C S^-1/2 - I|| (2, F); rspec, rfrob = ||C - S|| / ||S||; npS = ||Sigma^-1/2 S Sigma^-1/2 - I||_2\n")
-        print("| cell | R | lambda0 (5.1) | N | spec | frob | rspec | rfrob | npS | FAIL |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("| cell | R | lambda0 (5.1) | N | spec | frob | rspec | rfrob | npS | FAIL | score |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for key, rs in cov_rows:
             vals = [f"{fmt(q(col(rs, m), 50))} / {fmt(q(col(rs, m), 90))}" for m in COV_METRICS]
             fails = sum(math.isinf(v) for v in col(rs, "spec"))
-            print(f"| {cell_name(key)} | {len(rs)} | {rs[0]['lambda0_cov']:.3g} | {rs[0]['N']} | " + " | ".join(vals) + f" | {fails} |")
+            sc = col(rs, "score_cov")
+            rng_txt = f"{min(sc)}-{max(sc)}" if sc else "-"
+            print(f"| {cell_name(key)} | {len(rs)} | {rs[0]['lambda0_cov']:.3g} | {rs[0]['N']} | " + " | ".join(vals) + f" | {fails} | {rng_txt} |")
     times = [(cell_name(k), np.median(col(rs, "t_BHS")), np.median(col(rs, "t_cov")) if col(rs, "t_cov") else math.nan,
               np.median(col(rs, "t_CN")) if col(rs, "t_CN") else math.nan) for k, rs in cells.items()]
     print("\nmedian seconds per repetition (shared machine): " + "; ".join(
@@ -257,7 +298,13 @@ def print_targets(rows: list[dict]) -> None:
         if key[0] != "gauss":
             continue
         b, n = q(col(rs, "BHS"), 50), q(col(rs, "np"), 50)
-        print(f"  {cell_name(key):<40} BHS/np = {fmt(ratio(b, n))} (R={len(rs)}; target <= 1.5 at 10 n_min, reported at n_min)")
+        law = math.sqrt(1.0 + plan_for(key[1], key[2]).c2 * key[1])
+        print(f"  {cell_name(key):<40} BHS/np = {fmt(ratio(b, n))} (R={len(rs)}; law {fmt(law)}; target <= 1.5 at 10 n_min, reported at n_min)")
+    for lam in sorted({k[2] for k in cells if k[0] == "gauss"}):
+        fixed = 50.0 if lam == 50.0 else None
+        n_min = minimum_rows_private_mean(EPSILON, DELTA, D, fixed)
+        n15 = n_for_ratio(1.5, lam, n_min)
+        print(f"  law (lambda0={'50' if fixed else 'default'}): BHS/np medians <= 1.5 from n = {n15} = {n15 / n_min:.1f} n_min")
     by_n: dict = {}
     for key, rs in cells.items():
         by_n.setdefault(key[:3], {})[key[3]] = rs
