@@ -300,10 +300,10 @@ def print_targets(rows: list[dict]) -> None:
         b, n = q(col(rs, "BHS"), 50), q(col(rs, "np"), 50)
         law = math.sqrt(1.0 + plan_for(key[1], key[2]).c2 * key[1])
         print(f"  {cell_name(key):<40} BHS/np = {fmt(ratio(b, n))} (R={len(rs)}; law {fmt(law)}; target <= 1.5 at 10 n_min, reported at n_min)")
-    for lam in sorted({k[2] for k in cells if k[0] == "gauss"}):
-        fixed = 50.0 if lam == 50.0 else None
+    for fixed in sorted({k[2] == 50.0 for k in cells if k[0] == "gauss"}):
+        fixed = 50.0 if fixed else None
         n_min = minimum_rows_private_mean(EPSILON, DELTA, D, fixed)
-        n15 = n_for_ratio(1.5, lam, n_min)
+        n15 = n_for_ratio(1.5, fixed or 0.0, n_min)
         print(f"  law (lambda0={'50' if fixed else 'default'}): BHS/np medians <= 1.5 from n = {n15} = {n15 / n_min:.1f} n_min")
     by_n: dict = {}
     for key, rs in cells.items():
