@@ -84,6 +84,15 @@ def new_salt() -> str:
     return secrets.token_hex(32)
 
 
+def derive_salt(salt_hex: str, label: str) -> str:
+    """A salt for one use of the run's salt: ``SHA-256(salt || ":derive:" || label)`` as 64 hex
+    characters. Statistics that each need their own random order (BHS23) derive one per
+    statistic name, so their orders are independent (as functions of a secret salt)."""
+    if not is_salt(salt_hex):
+        raise InvalidParameterError("salt_hex must be 64 lowercase hex characters")
+    return hashlib.sha256((salt_hex + ":derive:" + str(label)).encode("utf-8")).hexdigest()
+
+
 def is_salt(salt_hex: object) -> bool:
     """True if ``salt_hex`` is 64 lowercase hex characters (the form :func:`new_salt` returns)."""
     return isinstance(salt_hex, str) and len(salt_hex) == 64 and all(ch in "0123456789abcdef" for ch in salt_hex)

@@ -126,7 +126,11 @@ class SparkPersonVectors:
             F.concat(F.lit(PERSON_PREFIX), F.col("_pid")).alias("_key_src"),
             *[F.col(c).cast("double").alias(x) for c, x in zip(self._columns, xs)],
         )
-        dummies = spark.range(pad).select(
+        # the padding size comes from the exact count: it enters as broadcast data, never as a
+        # literal (``spark.range(pad)`` would print it in query plans and the Spark UI); the
+        # range itself has the public size n0
+        pad_df = F.broadcast(spark.createDataFrame([(pad,)], "_pad long"))
+        dummies = spark.range(int(n0)).crossJoin(pad_df).where(F.col("id") < F.col("_pad")).select(
             F.concat(F.lit(DUMMY_PREFIX), F.col("id").cast("string")).alias("_key_src"),
             *[F.lit(float(v)).alias(x) for v, x in zip(dummy, xs)],
         )

@@ -28,7 +28,7 @@ from typing import Union
 import numpy as np
 
 from dplib.budget import Accountant, Budget, Charge, composed_cost
-from dplib.groups import new_salt
+from dplib.groups import derive_salt, new_salt
 from dplib.mean.scale_free import ALGORITHM as SF_ALGORITHM
 from dplib.mean.scale_free import ALGORITHM_VERSION as SF_VERSION
 from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
@@ -396,7 +396,10 @@ def _bhs_row(cfg, stat, plan: PersonBHSPlan, records, salt, noise, accountant, r
         records, cfg.privacy_unit.column, columns, salt, cfg.summary.m_min, cfg.privacy_unit.null_values
     ).persist()
     try:
-        out = private_person_statistic(SparkPersonVectors(persons, columns, salt), plan, noise, accountant, f"{stat.name}: ")
+        # each BHS23 statistic draws its own random order and reference set (a salt derived from the
+        # run's salt and the statistic's name), so two statistics of one run never share them
+        vectors = SparkPersonVectors(persons, columns, derive_salt(salt, stat.name))
+        out = private_person_statistic(vectors, plan, noise, accountant, f"{stat.name}: ")
     finally:
         persons.unpersist()
     log.debug("statistic %s: %d BHS23 data passes", stat.name, out.diagnostics.passes)

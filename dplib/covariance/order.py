@@ -4,9 +4,11 @@ The pairing ``y_i = (x_a - x_b)/sqrt(2)`` and the reference set R need the rows 
 random order drawn by the mechanism, independent of the data values. Both come from a keyed hash
 with a per-run secret salt (64 hex characters from :func:`dplib.groups.new_salt`):
 
-- order key of a row: ``int(SHA-256(salt || ":bhs23-order:" || str(key))[:16 hex], 16)``, where
-  ``key`` is the person id (or the row position when no ids are given); rows are sorted by it
-  (ties, probability about n^2 / 2^65, keep input order);
+- order key of a row: the first 32 hex characters (128 bits) of
+  ``SHA-256(salt || ":bhs23-order:" || str(key))``, where ``key`` is the person id (or the row
+  position when no ids are given); rows are sorted by it (ties have probability about
+  n^2 / 2^129 < 2e-23 at n = 1e8 — a 64-bit key's n^2 / 2^65 would not be negligible against
+  delta at large n — and keep input order);
 - pairs: consecutive rows of that order, (0, 1), (2, 3), ...; with odd n the last row is in no
   pair (StableMean still uses it);
 - R: M distinct positions of the ordered rows, ``int(SHA-256(salt || ":bhs23-reference:" || j), 16)
@@ -28,7 +30,7 @@ from dplib.groups import is_salt
 
 ORDER_TAG = ":bhs23-order:"
 REFERENCE_TAG = ":bhs23-reference:"
-ORDER_HEX_CHARS = 16
+ORDER_HEX_CHARS = 32
 
 
 def _check_salt(salt_hex: str) -> None:
@@ -37,11 +39,12 @@ def _check_salt(salt_hex: str) -> None:
 
 
 def order_keys(keys: Iterable[object], salt_hex: str) -> np.ndarray:
-    """Order keys (uint64) of row keys (person ids or positions), shape ``(n,)``."""
+    """Order keys of row keys (person ids or positions): 128-bit keys as fixed-width lowercase
+    hex strings (their string order is their numeric order, as Spark sorts them), shape ``(n,)``."""
     _check_salt(salt_hex)
     prefix = salt_hex + ORDER_TAG
-    out = [int(hashlib.sha256((prefix + str(key)).encode("utf-8")).hexdigest()[:ORDER_HEX_CHARS], 16) for key in keys]
-    return np.asarray(out, dtype=np.uint64)
+    out = [hashlib.sha256((prefix + str(key)).encode("utf-8")).hexdigest()[:ORDER_HEX_CHARS] for key in keys]
+    return np.asarray(out, dtype=f"<U{ORDER_HEX_CHARS}")
 
 
 def random_order(n: int, salt_hex: str, ids: Iterable[object] | None = None) -> np.ndarray:

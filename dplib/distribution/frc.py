@@ -34,6 +34,7 @@ float rounding bounded by explicit margins. Neither bound trusts the solver's to
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, Sequence
@@ -44,6 +45,8 @@ from dplib.distribution.batches import check_batch_size
 from dplib.distribution.private import project_to_simplex
 from dplib.distribution.robust import STATUS_OK, STATUS_OVERTRIM, SolverError, histogram_arrays, sigma_matrix
 from dplib.errors import InvalidParameterError
+
+log = logging.getLogger(__name__)
 
 #: Discard above OVERTRIM_FACTOR * eta gives status OVERTRIM (the filter's safeguard, spec §4.3,
 #: §5: eta underestimated or heterogeneity not budgeted, §2.7, §8 #7).
@@ -396,7 +399,12 @@ class FRC:
             if max_gap is None or cert.gap(self.n) <= max_gap:
                 return cert
             failures.append(f"{solver}: bracket wider than the allowed gap")
-        raise SolverError("FRC certification failed: " + "; ".join(failures))
+        # which solver failed how depends on the data: DEBUG only, never in the message
+        log.debug("FRC certification failed: %s", "; ".join(failures))
+        raise SolverError(
+            "FRC certification failed with every solver: the release is aborted as an incident "
+            "(budget stays spent; the DP guarantee holds conditional on no abort; details at DEBUG level)"
+        )
 
 
 # ----------------------------------------------------------------------------------------------

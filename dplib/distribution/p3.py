@@ -49,6 +49,7 @@ import numpy as np
 from dplib.distribution.frc import FRC, tau_cov
 from dplib.distribution.private import P3_DEFAULT_CLOSENESS_RADIUS
 from dplib.errors import InvalidParameterError
+from dplib.mechanisms.basic import inflate
 from dplib.mean.pure_reference import exponential_mechanism_probabilities, sample_exponential_mechanism
 from dplib.mechanisms import NoiseSource
 
@@ -208,15 +209,16 @@ def p3_scores(
 
 
 def p3_probabilities(alpha_scores: np.ndarray, epsilon: float, gap: float = SANDWICH_GAP) -> np.ndarray:
-    """Exact output distribution over the grid: ``prop. exp(-epsilon S_a / (2 (1 + g)))``
-    (log domain). Shape (N,)."""
-    return exponential_mechanism_probabilities(-np.asarray(alpha_scores), epsilon, sensitivity=1.0 + gap)
+    """Exact output distribution over the grid: ``prop. exp(-epsilon S_a / (2 (1 + g)(1 + 2^-20)))``
+    (log domain; the factor 1 + 2^-20 covers float rounding of the scores, as every mechanism
+    here). Shape (N,)."""
+    return exponential_mechanism_probabilities(-np.asarray(alpha_scores), epsilon, sensitivity=inflate(1.0 + gap))
 
 
 def p3_sample(alpha_scores: np.ndarray, epsilon: float, noise: NoiseSource, gap: float = SANDWICH_GAP) -> int:
     """Draw a grid index from :func:`p3_probabilities` by Gumbel report-noisy-max (OpenDP
     ``make_noisy_max`` on a secure noise source; seeded Gumbel in tests)."""
-    return sample_exponential_mechanism(-np.asarray(alpha_scores), epsilon, noise, sensitivity=1.0 + gap)
+    return sample_exponential_mechanism(-np.asarray(alpha_scores), epsilon, noise, sensitivity=inflate(1.0 + gap))
 
 
 @dataclass(frozen=True)

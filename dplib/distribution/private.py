@@ -183,7 +183,8 @@ class DistributionPlan:
         rest. Public; see docs/privacy/distribution.md for the trade-off.
     p3_n_mode : "dp_lower_bound" (default) or "public_as_in_paper"
         P3: see :data:`P3_N_MODES`. ``public_as_in_paper`` is for benchmarks only (its guarantee
-        is replace-one with n public) and is never set by the job.
+        is replace-one with n public, and it records the exact n in the release's parameters) and
+        is never set by the job.
     budget_mode : "parallel" or "sequential"
         P1/P2: the centre reads its own fixed hash range (``CENTER_FRACTION`` of the persons)
         and every stage gets the whole budget (parallel), or both stages read every person with

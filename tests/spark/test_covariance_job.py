@@ -14,6 +14,7 @@ import pytest
 from dplib.budget import Accountant
 from dplib.covariance.person import NumpyPersonVectors, private_person_statistic
 from dplib.errors import ConfigError
+from dplib.groups import derive_salt
 from dplib.mechanisms import SeededNoise
 from spark_jobs import job as job_mod
 from spark_jobs.config import parse_config
@@ -88,7 +89,7 @@ def test_covariance_and_fail_release_to_delta_match_numpy(spark, records, tmp_pa
     # the numpy library on the same person vectors, salt and noise seed
     ids, x = person_means(pdf)
     plan = statistic_plan(cfg, cfg.statistics[0])
-    want = private_person_statistic(NumpyPersonVectors(ids, x, SALT), plan, SeededNoise(17), Accountant(plan.budget))
+    want = private_person_statistic(NumpyPersonVectors(ids, x, derive_salt(SALT, "cov")), plan, SeededNoise(17), Accountant(plan.budget))
     cov = rows["cov"]
     assert cov.status == want.release.status == "OK"
     assert cov.estimate_shape == [2, 2]
