@@ -47,7 +47,6 @@ def _print_release(result) -> None:
                 print(f"  {r.statistic} ({' x '.join(str(x) for x in r.estimate_shape)}):")
                 for line in matrix_lines(r):
                     print(f"      {line}")
-                print(f"      {r.error_covers}")
             elif len(r.estimate) == 1:
                 bar = "no error bar" if r.error_bar is None else f"+/- {r.error_bar[0]:.4f} {level}"
                 print(f"  {r.statistic}: {r.estimate[0]:.4f} {bar}")
@@ -58,8 +57,12 @@ def _print_release(result) -> None:
                 for j, (col, est) in enumerate(zip(labels, r.estimate)):
                     bar = "" if r.error_bar is None else f" +/- {r.error_bar[j]:.4f}"
                     print(f"      {col}: {est:.4f}{bar}")
-                print(f"      {level}")
-            print(f"      the bar covers {r.error_covers}")
+                if r.error_bar is not None:
+                    print(f"      {level}")
+            if r.error_bar is None:
+                print(f"      no error bar: {r.error_covers.removeprefix('none: ')}")
+            else:
+                print(f"      the bar covers {r.error_covers}")
         else:
             print(f"  {r.statistic}: {r.status}: {r.error_covers.removeprefix('none: ')}")
         print(f"      estimand: {r.estimand}; epsilon={r.epsilon:.4g}, delta={r.delta:.3g}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import sys
 import re
 from pathlib import Path
 
@@ -138,6 +139,11 @@ def build_session(
                 DELTA_PACKAGE,
             )
             settings["spark.jars.packages"] = DELTA_PACKAGE
+    if not submitted:
+        # Python workers run the interpreter of PYSPARK_PYTHON (default: whatever `python3` is on
+        # PATH, which may lack numpy/pyarrow); default it to this process's interpreter, the
+        # project's environment. spark-submit's own settings are left alone.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     for k, v in settings.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
