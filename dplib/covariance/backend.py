@@ -61,6 +61,11 @@ CORE_BATCH = 4096
 
 @dataclass(frozen=True)
 class ScanResult:
+    """One Mahalanobis scan of the active pair rows (spec §5.2, StableCovariance): ``counts_above``
+    (L,) rows with score above each threshold; ``bucket_grams`` the Gram (d, d) of the rows per score
+    bucket; the top-T rows by score (positions (T,), scores (T,), rows (T, d)). Exact aggregates of
+    the data: never released, never logged (the algorithm's private output is derived from them)."""
+
     counts_above: np.ndarray  # (L,) int64
     bucket_grams: dict[int, np.ndarray]  # bucket b in 0..L -> (d, d)
     top_positions: np.ndarray  # (T,) int64
@@ -91,6 +96,9 @@ class ScanResult:
 
 @dataclass(frozen=True)
 class CoreScan:
+    """One StableMean core pass (spec §2.6 fast form): rows per entry level and the per-level sums
+    of (x_i - shift), shapes (2k+2,) and (2k+1, d). Exact aggregates; never released or logged."""
+
     counts: np.ndarray  # (2k + 2,) int64, rows per entry level 0..2k+1
     sums: np.ndarray  # (2k + 1, d), sum of (x_i - shift) per entry level 0..2k
 
@@ -178,6 +186,7 @@ def core_block(factor, shift, ref_white, x: np.ndarray, Lambda, k: int) -> CoreP
 
 
 def merge_core(a: CorePartial, b: CorePartial) -> CorePartial:
+    """Merge two partitions' core partials exactly (order-independent: integer accumulators)."""
     sums = {key: ExactSum(v.size).merge(v) for key, v in a.sums.items()}
     for key, v in b.sums.items():
         if key in sums:
@@ -188,6 +197,7 @@ def merge_core(a: CorePartial, b: CorePartial) -> CorePartial:
 
 
 def finish_core(p: CorePartial, k: int, d: int) -> CoreScan:
+    """Round the merged exact sums once into a :class:`CoreScan` (sums shape (2k+1, d))."""
     sums = np.zeros((2 * k + 1, d))
     for level, acc in p.sums.items():
         sums[level] = acc.value()

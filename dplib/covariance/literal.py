@@ -45,6 +45,8 @@ def largest_good_subset(y: np.ndarray, lam: float) -> np.ndarray:
 
 @dataclass
 class LiteralCovariance:
+    """Output of :func:`stable_covariance_literal` (test oracle only, BHS23 Algorithm "3")."""
+
     subsets: list[np.ndarray]
     score: int
     weights: np.ndarray
@@ -80,6 +82,8 @@ def largest_core(x: np.ndarray, sigma: np.ndarray, lam: float, tau: int, R: np.n
 
 @dataclass
 class LiteralMean:
+    """Output of :func:`stable_mean_literal` (test oracle only, BHS23 Algorithm "4")."""
+
     subsets: list[np.ndarray]
     score: int
     weights: np.ndarray

@@ -88,6 +88,10 @@ class Diagnostics:
 
 @dataclass
 class Outcome:
+    """What a BHS23 run returns: the release (the only private output: estimate or FAIL) and
+    operator diagnostics (pass count; internals only with ``keep_internals``, for tests) that must
+    never be released or logged above DEBUG."""
+
     release: BHSRelease
     diagnostics: Diagnostics = field(default_factory=Diagnostics)
 
