@@ -136,3 +136,55 @@ def test_gaussian_kind_runs_and_fails_as_a_charged_release(spark, records, tmp_p
     assert 0 < params["n0"] <= N_PERSONS
     table = read_delta(result.table_path, {"run_id": result.run_id}).to_pylist()
     assert [r["status"] for r in table] == ["FAIL"]
+
+
+G_PERSONS = 52_000  # above the gate of kind gaussian at (epsilon, delta) = (1, 4e-4), lambda0 = 10
+
+
+@pytest.fixture(scope="module")
+def gaussian_records(tmp_path_factory):
+    # An ellipse-shaped annulus: z = sqrt(2) u (cos t, sin t), u ~ U[0.9, 1.1], has covariance
+    # E[u^2] I = (1 + 0.01/3) I and every squared Mahalanobis norm of a point (<= 2.5) or of a pair
+    # difference / sqrt(2) (<= 5) far below lambda0 = 10, so the smallest gate holds with no
+    # outliers (Gaussian data would need lambda0 ~ 2 ln(n M) ~ 30 and three times the persons).
+    rng = np.random.default_rng(52)
+    a = np.array([[3.0, 0.0], [-1.0, 0.2]])  # condition number ~ 300
+    t, u = rng.uniform(0, 2 * np.pi, G_PERSONS), rng.uniform(0.9, 1.1, G_PERSONS)
+    z = np.sqrt(2.0) * u[:, None] * np.column_stack([np.cos(t), np.sin(t)])
+    x = z @ a.T + [-40.0, 5.0]  # one record per person
+    pdf = pd.DataFrame({"pid": np.arange(G_PERSONS, dtype=np.int64) * 7 + 3, "u": x[:, 0], "v": x[:, 1]})
+    path = tmp_path_factory.mktemp("bhs-g") / "records.parquet"
+    pdf.to_parquet(path, index=False)
+    return str(path), pdf, a
+
+
+def test_gaussian_kind_releases_ok_and_equals_numpy(spark, gaussian_records, tmp_path, monkeypatch):
+    """kind ``gaussian`` (Algorithm 5.2) released OK through Spark: mean and covariance equal,
+    bit for bit, to the numpy library on the same person vectors (one record per person, so the
+    person vector is the record), salt and noise seed; both within sampling + noise of the truth."""
+    path, pdf, a = gaussian_records
+    monkeypatch.setattr(job_mod, "new_salt", lambda: SALT)
+    stats = [{"name": "g", "kind": "gaussian", "columns": COLS, "share": 1.0, "options": {"lambda0": 10.0}}]
+    cfg = make_config(path, tmp_path, stats)
+    plan = statistic_plan(cfg, cfg.statistics[0])
+    assert plan.minimum_persons() < G_PERSONS - 1500  # n0 (Laplace at 2% of epsilon) clears the gate
+    result = run_job(cfg, spark=spark, noise=SeededNoise(29), run_id="bhs-g-ok")
+    (row,) = result.rows
+    ids = pdf["pid"].tolist()
+    x = pdf[COLS].to_numpy()
+    want = private_person_statistic(NumpyPersonVectors(ids, x, derive_salt(SALT, "g")), plan, SeededNoise(29), Accountant(plan.budget))
+    assert row.status == want.release.status == "OK"
+    assert row.estimate_shape == [3, 2]  # row 0 the mean, rows 1..d the covariance
+    est = np.array(row.estimate).reshape(3, 2)
+    assert np.array_equal(est[0], want.release.mean)
+    assert np.array_equal(est[1:], want.release.covariance)
+    params = json.loads(row.parameters)
+    assert params["n0"] == want.n0 and G_PERSONS - 1500 < want.n0 <= G_PERSONS
+    # accuracy: the released Gaussian is close to (mu, Sigma) in the affine-invariant sense
+    sigma = (1 + 0.01 / 3) * a @ a.T
+    w = np.linalg.inv(np.linalg.cholesky(sigma))
+    assert np.linalg.norm(w @ est[1:] @ w.T - np.eye(2), 2) < 0.25
+    assert np.linalg.norm(w @ (est[0] - [-40.0, 5.0])) < 0.25
+    assert row.epsilon == pytest.approx(1.0) and row.delta == pytest.approx(4e-4)
+    table = read_delta(result.table_path, {"run_id": result.run_id}).to_pylist()
+    assert [r["status"] for r in table] == ["OK"]
