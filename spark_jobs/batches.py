@@ -87,8 +87,8 @@ def _labelled_records(df, unit_column, category_column, categories, salt_hex, la
     )
 
 
-def _with_record_key(numbered, salt_hex):
-    """``(_pid, _label, _cat, _j)`` -> the same rows with ``_key``, the hex digest
+def _with_record_key(numbered, salt_hex, keep=("_cat",)):
+    """``(_pid, _label, <keep>, _j)`` -> ``(_pid, <keep>, _key)``, ``_key`` the hex digest
     ``SHA-256(salt || person || 0x1f || label || ":" || j)`` of :func:`record_keys`. The salt is
     joined as data (a broadcast one-row table), never a literal in the plan."""
     from pyspark.sql import functions as F
@@ -99,7 +99,7 @@ def _with_record_key(numbered, salt_hex):
         F.concat(F.col("_salt"), F.col("_pid"), F.lit(KEY_SEPARATOR), F.col("_label"), F.lit(":"), F.col("_j").cast("string")),
         256,
     )
-    return out.select("_pid", "_cat", key.alias("_key"))
+    return out.select("_pid", *keep, key.alias("_key"))
 
 
 def _keyed_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values):

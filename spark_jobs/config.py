@@ -408,9 +408,24 @@ class StatisticConfig(_Frozen):
 
 class SummaryConfig(_Frozen):
     """Per-person reduction: persons with fewer than ``m_min`` usable records of a column are
-    dropped from that column's statistics."""
+    dropped from that column's statistics. ``max_records_per_person`` (optional record cap R):
+    a person with more than R records keeps R of them, drawn uniformly without replacement by a
+    salted keyed hash of the record (:func:`spark_jobs.summarize.summarize`); their means are over
+    the kept records. Off by default; applies to the mean kinds (``mean``,
+    ``multivariate_mean``, ``mean_affine``, ``covariance``, ``gaussian``), not to ``distribution``
+    (which draws its own ``m`` records per person)."""
 
     m_min: int = Field(default=1, ge=1)
+    max_records_per_person: int | None = Field(default=None, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _cap_holds_m_min(self):
+        if self.max_records_per_person is not None and self.max_records_per_person < self.m_min:
+            raise ValueError(
+                f"max_records_per_person ({self.max_records_per_person}) is below m_min ({self.m_min}): "
+                "no person could keep m_min records"
+            )
+        return self
 
 
 class OutputConfig(_Frozen):

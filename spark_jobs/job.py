@@ -393,7 +393,8 @@ def _bhs_row(cfg, stat, plan: PersonBHSPlan, records, salt, noise, accountant, r
 
     columns = list(stat.columns)
     persons = person_vectors(
-        records, cfg.privacy_unit.column, columns, salt, cfg.summary.m_min, cfg.privacy_unit.null_values
+        records, cfg.privacy_unit.column, columns, salt, cfg.summary.m_min, cfg.privacy_unit.null_values,
+        cfg.summary.max_records_per_person,
     ).persist()
     try:
         # each BHS23 statistic draws its own random order and reference set (a salt derived from the
@@ -411,7 +412,8 @@ def _bhs_row(cfg, stat, plan: PersonBHSPlan, records, salt, noise, accountant, r
         estimate = [float(v) for a in parts[plan.kind] for v in np.ravel(a)]
     status = _Status(rel.status, rel.epsilon, rel.delta)
     params = {**rel.parameters, "coordinates": columns, "estimate_layout": shape, "hardening": rel.hardening,
-              "m_min": cfg.summary.m_min, "unequal_records": BHS_HETEROGENEOUS}
+              "m_min": cfg.summary.m_min, "max_records_per_person": cfg.summary.max_records_per_person,
+              "unequal_records": BHS_HETEROGENEOUS}
     return _row(
         cfg, stat, run_id, lineage, created, noise, status,
         estimand=ESTIMAND_BHS[plan.kind].format(cols=", ".join(columns)),
@@ -531,7 +533,10 @@ def run_job(
 
     salt = new_salt()
     summary = (
-        summarize(records, cfg.privacy_unit.column, columns, salt, cfg.summary.m_min, cfg.privacy_unit.null_values).persist()
+        summarize(
+            records, cfg.privacy_unit.column, columns, salt, cfg.summary.m_min, cfg.privacy_unit.null_values,
+            max_records_per_person=cfg.summary.max_records_per_person,
+        ).persist()
         if columns
         else None
     )
@@ -560,7 +565,7 @@ def run_job(
                 backend, stat.columns, plan, noise, accountant, f"{stat.name}: "
             )
             vector = isinstance(plan, MultivariateMeanPlan)
-            extra = {"m_min": cfg.summary.m_min}
+            extra = {"m_min": cfg.summary.m_min, "max_records_per_person": cfg.summary.max_records_per_person}
             if vector:
                 extra["unequal_records"] = UNEQUAL_RECORDS_IID if plan.mode == "iid" else UNEQUAL_RECORDS_SUMMARY
             log.info("statistic %s: %s", stat.name, rel.status)

@@ -19,6 +19,16 @@ Record rules (documented in README.md):
   records could still overflow to +-inf; the clamp in the aggregates maps it back to +-1e300.)
 - the person's mean sums their values in sorted order, so it depends only on their own values,
   never on how Spark partitions the data.
+- record capping (``max_records_per_person = R``, off by default): a person with more than R
+  records keeps R of them, drawn uniformly without replacement by the salted keyed-hash order of
+  :mod:`dplib.distribution.batches` (record ``r`` of person ``p`` gets the key
+  ``SHA-256(salt || p || 0x1f || label_r || ":" || j_r)``, ``label_r`` the SHA-256 of the JSON of
+  its value columns, ``j_r`` numbering identical records; the R smallest keys are kept). The
+  choice depends only on the person's own records and the run's secret salt: capping never
+  changes the person-level sensitivity of anything downstream, it bounds per-person work and
+  the weight of persons with millions of records (bots, shared devices) in their own mean.
+  Capping is applied to records before the per-column rules above (a kept record with a NaN
+  value still drops out of that column).
 """
 
 from __future__ import annotations
@@ -26,6 +36,9 @@ from __future__ import annotations
 from dplib.aggregates import VALUE_BOUND
 from dplib.errors import InvalidParameterError
 from dplib.groups import is_salt
+
+#: Largest ``max_records_per_person`` (Spark's limit on ``min_by``'s ``k``).
+MAX_RECORDS_LIMIT = 100_000
 
 
 def _valid_id(col, null_values):
@@ -40,7 +53,7 @@ def _valid_id(col, null_values):
 
 def summarize(
     df, unit_column: str, value_columns: list[str], salt_hex: str, m_min: int = 1, null_values=("NA", ""),
-    keep_id: bool = False,
+    keep_id: bool = False, max_records_per_person: int | None = None,
 ):
     """Group records by person into person summaries (one Spark aggregation).
 
@@ -61,6 +74,13 @@ def summarize(
     keep_id : bool
         Also keep the person id as ``_pid`` (string): for estimators that hash it again with
         their own tag (BHS23's keyed order, :mod:`spark_jobs.covariance`). Never written out.
+    max_records_per_person : int, optional
+        Record cap R in ``[1, MAX_RECORDS_LIMIT]`` (module docstring); None (default) keeps all.
+
+    Raises
+    ------
+    InvalidParameterError
+        Bad salt or ``max_records_per_person``.
 
     Returns
     -------
@@ -70,16 +90,13 @@ def summarize(
 
     if not is_salt(salt_hex):
         raise InvalidParameterError("salt must be 64 lowercase hex characters")
+    cap = _check_cap(max_records_per_person)
     uid = F.col(unit_column)
     records = df.where(_valid_id(uid, null_values))
+    if cap is not None:
+        return _finish(_capped_values(records, uid, value_columns, salt_hex, cap), df, value_columns, salt_hex, m_min, keep_id)
     aggs = []
     for c in value_columns:
-        v = F.col(c).try_cast("double")  # CSV strings: a non-number becomes null (dropped)
-        # Spark's least/greatest skip nulls (greatest(null, x) = x): test for null first.
-        bad = v.isNull() | F.isnan(v) | (F.abs(v) == F.lit(float("inf")))
-        usable = F.when(bad, F.lit(None).cast("double")).otherwise(
-            F.least(F.greatest(v, F.lit(-VALUE_BOUND)), F.lit(VALUE_BOUND))
-        )
         # Order-independent mean: sum the person's values in sorted order. Spark's avg adds in
         # shuffle order, which depends on partitioning (and so on other persons); its last bits
         # could move a person across a histogram bin edge. Sorting makes Y_i a function of the
@@ -89,8 +106,63 @@ def summarize(
         # generated code while array_sort evaluates a comparator lambda per comparison
         # (measured ~1.3x faster on the whole pass, benchmarks/README.md). Ties are equal values
         # or -0.0 / 0.0, whose order cannot change a sum that starts at +0.0.
-        aggs.append(F.sort_array(F.collect_list(usable)).alias(f"_vals_{c}"))
+        aggs.append(F.sort_array(F.collect_list(_usable(c))).alias(f"_vals_{c}"))
     per_person = records.groupBy(uid.cast("string").alias("_pid")).agg(*aggs)
+    return _finish(per_person, df, value_columns, salt_hex, m_min, keep_id)
+
+
+def _usable(c):
+    """A value column as the summary uses it: double, non-finite -> null, clamped to
+    ``[-VALUE_BOUND, VALUE_BOUND]``."""
+    from pyspark.sql import functions as F
+
+    v = F.col(c).try_cast("double")  # CSV strings: a non-number becomes null (dropped)
+    # Spark's least/greatest skip nulls (greatest(null, x) = x): test for null first.
+    bad = v.isNull() | F.isnan(v) | (F.abs(v) == F.lit(float("inf")))
+    return F.when(bad, F.lit(None).cast("double")).otherwise(F.least(F.greatest(v, F.lit(-VALUE_BOUND)), F.lit(VALUE_BOUND)))
+
+
+def _check_cap(cap):
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_RECORDS_LIMIT:
+        raise InvalidParameterError(f"max_records_per_person must be an integer in [1, {MAX_RECORDS_LIMIT}], got {cap!r}")
+    return cap
+
+
+def _capped_values(records, uid, value_columns, salt_hex, cap):
+    """``(_pid, _vals_<col>...)``: each person's usable values of the at most ``cap`` records
+    with the smallest keys (module docstring), sorted ascending per column. One shuffle by
+    person; the window numbering identical records and the bounded ``min_by`` run inside it."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from spark_jobs.batches import KEY_HEX_DIGITS, _with_record_key
+
+    names = [f"_v{i}" for i in range(len(value_columns))]
+    label = F.sha2(F.to_json(F.struct(*[F.col(c) for c in value_columns])), 256)
+    rec = records.select(
+        uid.cast("string").alias("_pid"), label.alias("_label"),
+        F.struct(*[_usable(c).alias(n) for c, n in zip(value_columns, names)]).alias("_rec"),
+    ).repartition("_pid")
+    # identical records (same label) are numbered 0..cnt-1; their order among themselves is
+    # immaterial (the label is a function of every value column the summary reads)
+    same = Window.partitionBy("_pid", "_label").orderBy("_label")
+    numbered = rec.select("_pid", "_label", "_rec", (F.row_number().over(same) - 1).alias("_j"))
+    keyed = _with_record_key(numbered, salt_hex, keep=("_rec",))
+    order = F.struct(F.substring("_key", 1, 2 * KEY_HEX_DIGITS).alias("key"), F.col("_rec").alias("rec"))
+    per = keyed.groupBy("_pid").agg(F.min_by("_rec", order, cap).alias("_kept"))
+    vals = [
+        F.sort_array(F.filter(F.col("_kept").getField(n), lambda x: x.isNotNull())).alias(f"_vals_{c}")
+        for c, n in zip(value_columns, names)
+    ]
+    return per.select("_pid", *vals)
+
+
+def _finish(per_person, df, value_columns, salt_hex, m_min, keep_id):
+    """``(_pid, _vals_<col>...)`` (sorted usable values) -> the summary columns."""
+    from pyspark.sql import functions as F
+
     sums = {}
     for c in value_columns:
         vals = F.col(f"_vals_{c}")

@@ -190,3 +190,30 @@ def test_no_salt_or_exact_count_in_logs_or_table(spark, flights_sample, tmp_path
     for n in exact_n:
         assert f" {n} " not in log_text and f"={n}" not in log_text
         assert f'"{n}"' not in table_text and f": {n}," not in table_text
+
+
+def test_record_cap_through_the_job(spark, flights_sample, tmp_path, monkeypatch):
+    """summary.max_records_per_person reaches the summarize pass and the release parameters: a
+    cap above every aircraft's record count gives the uncapped release bit for bit (same salt and
+    noise seed); a cap of 2 changes it; a cap below m_min is refused at config time."""
+    from spark_jobs import job as job_mod
+
+    path, pdf = flights_sample
+    monkeypatch.setattr(job_mod, "new_salt", lambda: "3c" * 32)
+    base = make_config(path, tmp_path / "a", options={"scale": 30}).model_dump()
+    most = int(pdf.groupby("tailnum").size().max())
+
+    def run(cap, out):
+        raw = {**base, "output": {"path": str(tmp_path / out)}, "ledger": {"enabled": False}}
+        raw["summary"] = {"m_min": 1, "max_records_per_person": cap}
+        return run_job(parse_config(raw), spark=spark, noise=SeededNoise(11), run_id="cap")
+
+    import json
+
+    uncapped = run_job(parse_config({**base, "ledger": {"enabled": False}}), spark=spark, noise=SeededNoise(11), run_id="cap")
+    high, two = run(most + 1, "high"), run(2, "two")
+    assert [r.estimate for r in high.rows] == [r.estimate for r in uncapped.rows]
+    assert [r.estimate for r in two.rows] != [r.estimate for r in uncapped.rows]
+    assert {json.loads(r.parameters)["max_records_per_person"] for r in two.rows} == {2}
+    with pytest.raises(ConfigError, match="max_records_per_person"):
+        parse_config({**base, "summary": {"m_min": 3, "max_records_per_person": 2}})

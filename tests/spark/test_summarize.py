@@ -127,3 +127,101 @@ def test_person_mean_is_the_sorted_left_to_right_sum(spark):
         got = summarize(df.repartition(parts), "uid", ["x"], SALT).toPandas()
         row = got.loc[got["_group"] == gi]
         assert float(row["x"].iloc[0]) == expected and int(row["_m_x"].iloc[0]) == len(vals)
+
+
+# ---------------------------------------------------------------------------------------------
+# Record capping (max_records_per_person)
+# ---------------------------------------------------------------------------------------------
+
+
+def _capped_oracle(spark, df, cols, cap):
+    """Independent reference of capping: Spark gives only each record's JSON label (the input
+    of the key); dplib's hashlib ``record_keys`` orders the records, pandas keeps the ``cap``
+    smallest per person and sums the finite kept values in ascending order."""
+    from pyspark.sql import functions as F
+
+    from dplib.distribution.batches import record_keys
+
+    recs = df.select(F.col("uid").cast("string").alias("uid"), *cols, F.to_json(F.struct(*cols)).alias("label")).toPandas()
+    recs = recs[recs.uid.notna() & ~recs.uid.str.strip().isin(["NA", ""])].reset_index(drop=True)
+    keys = record_keys(recs.uid.tolist(), recs.label.tolist(), SALT)
+    recs["k1"], recs["k2"] = keys[:, 0], keys[:, 1]
+    out = {}
+    for uid, g in recs.groupby("uid"):
+        kept = g.sort_values(["k1", "k2"]).head(cap)
+        entry = {}
+        for c in cols:
+            v = sorted(x for x in kept[c].to_numpy(dtype=float) if math.isfinite(x))
+            total = 0.0
+            for x in v:
+                total += x
+            entry[c] = (total / len(v) if v else None, len(v))
+        out[uid] = entry
+    return out
+
+
+def test_capping_matches_the_keyed_hash_reference(spark):
+    """Bit for bit against the hashlib reference: persons above, at and below the cap,
+    identical records, NaN in a kept record (drops from that column only), any partitioning."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for i in range(40):
+        n = [1, 3, 4, 9, 30][i % 5]
+        for _ in range(n):
+            rows.append((f"u{i}", float(rng.integers(0, 4)) if i % 2 else float(rng.normal()), float(rng.normal())))
+    rows += [("u0", float("nan"), 7.0), ("NA", 1.0, 1.0), (None, 2.0, 2.0)]
+    df = spark.createDataFrame(rows, "uid string, x double, y double")
+    want = _capped_oracle(spark, df, ["x", "y"], 4)
+    gi = dict(zip(group_index(list(want), SALT), want))
+    for parts in (1, 6):
+        got = summarize(df.repartition(parts), "uid", ["x", "y"], SALT, max_records_per_person=4).toPandas()
+        assert len(got) == len(want) == 40
+        for _, row in got.iterrows():
+            uid = gi[int(row["_group"])]
+            for c in ("x", "y"):
+                mean, m = want[uid][c]
+                assert row[f"_m_{c}"] == m <= 4
+                assert (row[c] is None or math.isnan(row[c])) if mean is None else row[c] == mean
+    # a cap no person reaches keeps everything: the uncapped summary
+    a = summarize(df, "uid", ["x", "y"], SALT, max_records_per_person=1000).toPandas().sort_values("_group")
+    b = summarize(df, "uid", ["x", "y"], SALT).toPandas().sort_values("_group")
+    pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True))
+
+
+def test_capping_draws_uniformly_without_replacement(spark):
+    """2,000 persons, cap 5 of 20 records: record p of a person holds 2^p, so the kept sum is
+    the bitmask of kept positions. Each position is kept by Binomial(2000, 1/4) persons
+    (sd 19.4): every |z| < 4.5 (false alarm ~1e-4 over 20 cells); keeping the 5 lowest
+    positions would give z = 77. A second set of persons has 10 identical records (value 1) and
+    10 distinct ones (2^4..2^13): the identical ones kept per person are Hypergeometric(20, 10, 5),
+    mean 2.5, variance 0.987 (sd of the mean of 2,000: 0.022; sd of the sample variance ~0.03);
+    a key shared by identical records would keep them all or none (variance ~6)."""
+    n = 2000
+    rows = [(f"a{i}", float(2**p)) for i in range(n) for p in range(20)]
+    rows += [(f"b{i}", 1.0) for i in range(n) for _ in range(10)]
+    rows += [(f"b{i}", float(2 ** (4 + p))) for i in range(n) for p in range(10)]
+    df = spark.createDataFrame(rows, "uid string, x double")
+    got = summarize(df, "uid", ["x"], SALT, max_records_per_person=5).toPandas()
+    assert (got["_m_x"] == 5).all() and len(got) == 2 * n
+    gi = dict(zip(group_index([f"a{i}" for i in range(n)], SALT), range(n)))
+    is_a = got["_group"].map(lambda g: int(g) in gi).to_numpy()
+    masks = np.rint(got.loc[is_a, "x"].to_numpy() * 5).astype(np.int64)
+    assert len(masks) == n
+    kept = np.array([[(m >> p) & 1 for p in range(20)] for m in masks])
+    assert (kept.sum(axis=1) == 5).all()
+    z = (kept.sum(axis=0) - n / 4) / math.sqrt(n * 0.25 * 0.75)
+    assert np.abs(z).max() < 4.5, z
+    same = np.rint(got.loc[~is_a, "x"].to_numpy() * 5).astype(np.int64) % 16
+    assert abs(same.mean() - 2.5) < 4.5 * 0.0222
+    assert abs(same.var() - 5 * 0.25 * 15 / 19) < 0.15
+
+
+def test_capping_bad_parameter_and_plan(spark):
+    from dplib.errors import InvalidParameterError
+
+    df = spark.createDataFrame([("a", 1.0)], "uid string, x double")
+    for bad in (0, -3, 2.5, True, 10**6):
+        with pytest.raises(InvalidParameterError, match="max_records_per_person"):
+            summarize(df, "uid", ["x"], SALT, max_records_per_person=bad)
+    plan = summarize(df, "uid", ["x"], SALT, max_records_per_person=3)._jdf.queryExecution().toString()
+    assert "PythonUDF" not in plan and "BatchEvalPython" not in plan and SALT not in plan
