@@ -35,11 +35,11 @@ def plain_person_category(df):
     return df.groupBy("person", "cat").count()
 
 
-def summarize_pass(df, d: int):
-    """The product's summarize pass over ``d`` value columns."""
+def summarize_pass(df, d: int, cap: int | None = None):
+    """The product's summarize pass over ``d`` value columns (record cap ``cap``: None = off)."""
     from spark_jobs.summarize import summarize
 
-    return summarize(df, "person", VALUE_COLUMNS[:d], SALT)
+    return summarize(df, "person", VALUE_COLUMNS[:d], SALT, max_records_per_person=cap)
 
 
 def batches_pass(df, m: int):

@@ -1,7 +1,7 @@
 """Scale benchmark runner: the product's Spark passes against plain Spark (and DuckDB), in one run.
 
     python -m benchmarks.scale.run --sizes 1e6,1e7 [--skews uniform,zipf] [--repeats 3]
-        [--passes summarize1,summarize8,batches] [--job] [--memory-persons 1e5,1e6,1e7 --memory-records 1e7] [--data-dir build/scale-data]
+        [--passes summarize1,summarize8,batches,capped] [--cap 10] [--job] [--memory-persons 1e5,1e6,1e7 --memory-records 1e7] [--data-dir build/scale-data]
 
 For each size (records; persons = records / --records-per-person) and skew it writes the
 synthetic records once (``benchmarks/scale/data.py``; reused by later runs), then times, with
@@ -10,6 +10,8 @@ against its own plain baseline in the same session:
 
 - summarize pass (d = 1 and d = 8) vs plain ``groupBy(person)`` count/sum/mean (target <= 1.3x);
 - m-draws batches of ``cat`` vs plain ``groupBy(person, cat).count()`` (target <= 1.5x);
+- record capping (``capped``: the summarize pass d = 1 with ``max_records_per_person = --cap``)
+  vs the plain ``groupBy(person)`` d = 1 (target <= 1.5x);
 - with ``--job``: the whole release job (univariate mean + multivariate mean d = 8 +
   distribution, ``spark_jobs.job.run_job`` writing Delta to a temp folder) vs one plain pass
   (the d = 8 per-person aggregation; target <= 2x);
@@ -116,8 +118,10 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--m", type=int, default=10, help="draws per person of the batches and the job")
     ap.add_argument("--job", action="store_true", help="also time the whole release job")
-    ap.add_argument("--passes", type=lambda s: [x for x in s.split(",") if x], default=["summarize1", "summarize8", "batches"],
-                    help="comma list of summarize1, summarize8, batches (empty: none)")
+    ap.add_argument("--passes", type=lambda s: [x for x in s.split(",") if x],
+                    default=["summarize1", "summarize8", "batches", "capped"],
+                    help="comma list of summarize1, summarize8, batches, capped (empty: none)")
+    ap.add_argument("--cap", type=int, default=10, help="max_records_per_person of the capped pass")
     ap.add_argument("--no-duckdb", action="store_true")
     ap.add_argument("--memory-persons", type=lambda s: [_num(x) for x in s.split(",") if x], default=[])
     ap.add_argument("--memory-records", type=_num, default=10**7)
@@ -157,6 +161,10 @@ def main(argv=None) -> None:
                 plan.append((f"batches m={args.m}", "plain person x category",
                              lambda: ops.force(ops.plain_person_category(df)),
                              lambda: ops.force(ops.batches_pass(df, args.m)), 1.5))
+            if "capped" in args.passes:
+                plan.append((f"capped summarize d=1 R={args.cap}", "plain per-person d=1",
+                             lambda: ops.force(ops.plain_person(df, 1)),
+                             lambda: ops.force(ops.summarize_pass(df, 1, args.cap)), 1.5))
             if args.job:
                 tmp = tempfile.mkdtemp(prefix="scale-job-")
                 counter = iter(range(10**6))
