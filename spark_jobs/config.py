@@ -416,7 +416,15 @@ class SummaryConfig(_Frozen):
     (which draws its own ``m`` records per person)."""
 
     m_min: int = Field(default=1, ge=1)
-    max_records_per_person: int | None = Field(default=None, ge=1, le=100_000)
+    max_records_per_person: int | None = Field(default=None, ge=1, le=100_000)  # = summarize.MAX_RECORDS_LIMIT
+
+    @field_validator("m_min", "max_records_per_person", mode="before")
+    @classmethod
+    def _no_bool(cls, v):
+        # YAML `true` would otherwise become 1 (a cap of one record per person), silently
+        if isinstance(v, bool):
+            raise ValueError("must be an integer, not a boolean")
+        return v
 
     @model_validator(mode="after")
     def _cap_holds_m_min(self):

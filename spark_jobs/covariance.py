@@ -63,14 +63,15 @@ _SQRT2 = math.sqrt(2.0)
 
 def person_vectors(
     records, unit_column: str, columns: list[str], salt_hex: str, m_min: int = 1, null_values=("NA", ""),
-    max_records_per_person: int | None = None,
+    max_records_per_person: int | None = None, label_columns: list[str] | None = None,
 ):
     """One row per person: ``_pid`` (string) and the person's mean of each column (float64).
 
     The means are those of :func:`spark_jobs.summarize.summarize` (records with non-finite
     values dropped per column, sorted-order sums); persons without ``m_min`` usable records of
     *every* column are left out (a per-person rule, applied before anything is counted).
-    ``max_records_per_person``: the summary's record cap (None: all records).
+    ``max_records_per_person``, ``label_columns``: the summary's record cap (None: all records)
+    and the columns naming a record for it (:func:`spark_jobs.summarize.summarize`).
     Means are clamped to ``[-VALUE_BOUND, VALUE_BOUND]`` (1e100) as the numpy backend does.
     """
     from pyspark.sql import functions as F
@@ -78,7 +79,7 @@ def person_vectors(
     from spark_jobs.summarize import summarize
 
     summ = summarize(records, unit_column, columns, salt_hex, m_min, null_values, keep_id=True,
-                     max_records_per_person=max_records_per_person)
+                     max_records_per_person=max_records_per_person, label_columns=label_columns)
     cond = None
     for c in columns:
         ok = F.col(c).isNotNull()

@@ -394,7 +394,7 @@ def _bhs_row(cfg, stat, plan: PersonBHSPlan, records, salt, noise, accountant, r
     columns = list(stat.columns)
     persons = person_vectors(
         records, cfg.privacy_unit.column, columns, salt, cfg.summary.m_min, cfg.privacy_unit.null_values,
-        cfg.summary.max_records_per_person,
+        max_records_per_person=cfg.summary.max_records_per_person, label_columns=cfg.value_columns(),
     ).persist()
     try:
         # each BHS23 statistic draws its own random order and reference set (a salt derived from the
@@ -535,7 +535,7 @@ def run_job(
     summary = (
         summarize(
             records, cfg.privacy_unit.column, columns, salt, cfg.summary.m_min, cfg.privacy_unit.null_values,
-            max_records_per_person=cfg.summary.max_records_per_person,
+            max_records_per_person=cfg.summary.max_records_per_person, label_columns=cfg.value_columns(),
         ).persist()
         if columns
         else None
@@ -568,6 +568,10 @@ def run_job(
             extra = {"m_min": cfg.summary.m_min, "max_records_per_person": cfg.summary.max_records_per_person}
             if vector:
                 extra["unequal_records"] = UNEQUAL_RECORDS_IID if plan.mode == "iid" else UNEQUAL_RECORDS_SUMMARY
+                if plan.mode == "iid" and cfg.summary.max_records_per_person is not None:
+                    extra["unequal_records"] = extra["unequal_records"].replace(
+                        "averaged over all of them", "averaged over at most summary.max_records_per_person of them"
+                    )
             log.info("statistic %s: %s", stat.name, rel.status)
             log.debug("statistic %s took %.1fs", stat.name, time.monotonic() - t1)
             rows.append(

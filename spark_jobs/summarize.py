@@ -22,8 +22,12 @@ Record rules (documented in README.md):
 - record capping (``max_records_per_person = R``, off by default): a person with more than R
   records keeps R of them, drawn uniformly without replacement by the salted keyed-hash order of
   :mod:`dplib.distribution.batches` (record ``r`` of person ``p`` gets the key
-  ``SHA-256(salt || p || 0x1f || label_r || ":" || j_r)``, ``label_r`` the SHA-256 of the JSON of
-  its value columns, ``j_r`` numbering identical records; the R smallest keys are kept). The
+  ``SHA-256(salt' || p || 0x1f || label_r || ":" || j_r)``, ``salt' = derive_salt(salt,
+  "record-cap")``, ``label_r`` the SHA-256 of the JSON of its value columns (the job: every value
+  column of the run, so all its statistics keep the same records), ``j_r`` numbering identical
+  records of the person; the R smallest keys are kept). Spark's bounded ``min_by`` holds O(R) per
+  person whatever their record count: keep R to what a person's mean needs (hundreds or
+  thousands), not near the limit. The
   choice depends only on the person's own records and the run's secret salt: capping never
   changes the person-level sensitivity of anything downstream, it bounds per-person work and
   the weight of persons with millions of records (bots, shared devices) in their own mean.
@@ -35,10 +39,13 @@ from __future__ import annotations
 
 from dplib.aggregates import VALUE_BOUND
 from dplib.errors import InvalidParameterError
-from dplib.groups import is_salt
+from dplib.groups import derive_salt, is_salt
 
 #: Largest ``max_records_per_person`` (Spark's limit on ``min_by``'s ``k``).
 MAX_RECORDS_LIMIT = 100_000
+#: The cap's keys use ``derive_salt(salt, CAP_SALT_TAG)``: an order of their own, independent of
+#: the distribution batches' draws and of the group index.
+CAP_SALT_TAG = "record-cap"
 
 
 def _valid_id(col, null_values):
@@ -53,7 +60,7 @@ def _valid_id(col, null_values):
 
 def summarize(
     df, unit_column: str, value_columns: list[str], salt_hex: str, m_min: int = 1, null_values=("NA", ""),
-    keep_id: bool = False, max_records_per_person: int | None = None,
+    keep_id: bool = False, max_records_per_person: int | None = None, label_columns: list[str] | None = None,
 ):
     """Group records by person into person summaries (one Spark aggregation).
 
@@ -75,12 +82,15 @@ def summarize(
         Also keep the person id as ``_pid`` (string): for estimators that hash it again with
         their own tag (BHS23's keyed order, :mod:`spark_jobs.covariance`). Never written out.
     max_records_per_person : int, optional
-        Record cap R in ``[1, MAX_RECORDS_LIMIT]`` (module docstring); None (default) keeps all.
+        Record cap R in ``[m_min, MAX_RECORDS_LIMIT]`` (module docstring); None (default) keeps all.
+    label_columns : list of str, optional
+        Columns whose JSON names a record for the cap's keys (default ``value_columns``). The job
+        passes every value column of the run, so all statistics of a run keep the same records.
 
     Raises
     ------
     InvalidParameterError
-        Bad salt or ``max_records_per_person``.
+        Bad salt, ``max_records_per_person`` or ``label_columns``.
 
     Returns
     -------
@@ -91,10 +101,16 @@ def summarize(
     if not is_salt(salt_hex):
         raise InvalidParameterError("salt must be 64 lowercase hex characters")
     cap = _check_cap(max_records_per_person)
+    if cap is not None and cap < m_min:
+        raise InvalidParameterError(f"max_records_per_person ({cap}) is below m_min ({m_min}): no person could keep m_min records")
+    labels = list(value_columns) if label_columns is None else list(label_columns)
+    if cap is not None and not set(value_columns) <= set(labels):
+        raise InvalidParameterError("label_columns must include every value column")
     uid = F.col(unit_column)
     records = df.where(_valid_id(uid, null_values))
     if cap is not None:
-        return _finish(_capped_values(records, uid, value_columns, salt_hex, cap), df, value_columns, salt_hex, m_min, keep_id)
+        capped = _capped_values(records, uid, value_columns, labels, derive_salt(salt_hex, CAP_SALT_TAG), cap)
+        return _finish(capped, df, value_columns, salt_hex, m_min, keep_id)
     aggs = []
     for c in value_columns:
         # Order-independent mean: sum the person's values in sorted order. Spark's avg adds in
@@ -130,7 +146,7 @@ def _check_cap(cap):
     return cap
 
 
-def _capped_values(records, uid, value_columns, salt_hex, cap):
+def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
     """``(_pid, _vals_<col>...)``: each person's usable values of the at most ``cap`` records
     with the smallest keys (module docstring), sorted ascending per column. One shuffle by
     person; the window numbering identical records and the bounded ``min_by`` run inside it."""
@@ -140,13 +156,13 @@ def _capped_values(records, uid, value_columns, salt_hex, cap):
     from spark_jobs.batches import KEY_HEX_DIGITS, _with_record_key
 
     names = [f"_v{i}" for i in range(len(value_columns))]
-    label = F.sha2(F.to_json(F.struct(*[F.col(c) for c in value_columns])), 256)
+    label = F.sha2(F.to_json(F.struct(*[F.col(c) for c in label_columns])), 256)
     rec = records.select(
         uid.cast("string").alias("_pid"), label.alias("_label"),
         F.struct(*[_usable(c).alias(n) for c, n in zip(value_columns, names)]).alias("_rec"),
     ).repartition("_pid")
-    # identical records (same label) are numbered 0..cnt-1; their order among themselves is
-    # immaterial (the label is a function of every value column the summary reads)
+    # identical records (same label) are numbered 0..cnt-1 within the person; their order among
+    # themselves is immaterial (the label is a function of every value column the summary reads)
     same = Window.partitionBy("_pid", "_label").orderBy("_label")
     numbered = rec.select("_pid", "_label", "_rec", (F.row_number().over(same) - 1).alias("_j"))
     keyed = _with_record_key(numbered, salt_hex, keep=("_rec",))

@@ -141,10 +141,11 @@ def _capped_oracle(spark, df, cols, cap):
     from pyspark.sql import functions as F
 
     from dplib.distribution.batches import record_keys
+    from dplib.groups import derive_salt
 
     recs = df.select(F.col("uid").cast("string").alias("uid"), *cols, F.to_json(F.struct(*cols)).alias("label")).toPandas()
     recs = recs[recs.uid.notna() & ~recs.uid.str.strip().isin(["NA", ""])].reset_index(drop=True)
-    keys = record_keys(recs.uid.tolist(), recs.label.tolist(), SALT)
+    keys = record_keys(recs.uid.tolist(), recs.label.tolist(), derive_salt(SALT, "record-cap"))
     recs["k1"], recs["k2"] = keys[:, 0], keys[:, 1]
     out = {}
     for uid, g in recs.groupby("uid"):
@@ -161,20 +162,28 @@ def _capped_oracle(spark, df, cols, cap):
 
 
 def test_capping_matches_the_keyed_hash_reference(spark):
-    """Bit for bit against the hashlib reference: persons above, at and below the cap,
-    identical records, NaN in a kept record (drops from that column only), any partitioning."""
+    """Bit for bit against the hashlib reference: persons above, at and below the cap; exact
+    duplicate records above the cap, the same duplicates in two persons; NaN, +-inf and nulls in a
+    person above the cap (cap first, then the per-column rules); shuffled row orders and several
+    partitionings."""
+    from pyspark.sql import functions as F
+
     rng = np.random.default_rng(5)
     rows = []
     for i in range(40):
         n = [1, 3, 4, 9, 30][i % 5]
         for _ in range(n):
             rows.append((f"u{i}", float(rng.integers(0, 4)) if i % 2 else float(rng.normal()), float(rng.normal())))
+    rows += [("u14", 1.0, 1.0)] * 12 + [("u19", 1.0, 1.0)] * 12 + [("u3", 2.0, 2.0)] * 3
+    rows += [("u4", float("nan"), 7.0), ("u4", float("inf"), None), ("u4", None, float("-inf"))] * 4
     rows += [("u0", float("nan"), 7.0), ("NA", 1.0, 1.0), (None, 2.0, 2.0)]
+    assert len(rows) > len(set(rows))  # real duplicates
     df = spark.createDataFrame(rows, "uid string, x double, y double")
     want = _capped_oracle(spark, df, ["x", "y"], 4)
     gi = dict(zip(group_index(list(want), SALT), want))
-    for parts in (1, 6):
-        got = summarize(df.repartition(parts), "uid", ["x", "y"], SALT, max_records_per_person=4).toPandas()
+    for parts in (1, 6, 13):
+        shuffled = df.orderBy(F.rand(parts)).repartition(parts)
+        got = summarize(shuffled, "uid", ["x", "y"], SALT, max_records_per_person=4).toPandas()
         assert len(got) == len(want) == 40
         for _, row in got.iterrows():
             uid = gi[int(row["_group"])]
@@ -186,6 +195,21 @@ def test_capping_matches_the_keyed_hash_reference(spark):
     a = summarize(df, "uid", ["x", "y"], SALT, max_records_per_person=1000).toPandas().sort_values("_group")
     b = summarize(df, "uid", ["x", "y"], SALT).toPandas().sort_values("_group")
     pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True))
+
+
+def test_capping_neighbour_leaves_other_persons_unchanged(spark):
+    """Adding a person whose records duplicate other persons' records (same labels) changes no
+    other person's capped summary, bit for bit (numbering of identical records is per person)."""
+    base = [("a", 1.0)] * 10 + [("a", float(v)) for v in range(5)] + [("b", 1.0)] * 8 + [("b", 9.0), ("c", 3.0)]
+    extra = [("z", 1.0)] * 50 + [("z", float(v)) for v in range(5)]
+    got = [
+        summarize(spark.createDataFrame(r, "uid string, x double").repartition(p), "uid", ["x"], SALT,
+                  max_records_per_person=3).toPandas().set_index("_group").sort_index()
+        for r, p in ((base, 3), (base + extra, 5))
+    ]
+    only_base = got[1].loc[got[0].index]
+    pd.testing.assert_frame_equal(got[0], only_base)
+    assert len(got[1]) == len(got[0]) + 1
 
 
 def test_capping_draws_uniformly_without_replacement(spark):
@@ -217,11 +241,45 @@ def test_capping_draws_uniformly_without_replacement(spark):
 
 
 def test_capping_bad_parameter_and_plan(spark):
-    from dplib.errors import InvalidParameterError
+    from dplib.errors import ConfigError, InvalidParameterError
+    from spark_jobs.config import SummaryConfig, parse_config
+    from spark_jobs.summarize import MAX_RECORDS_LIMIT
 
     df = spark.createDataFrame([("a", 1.0)], "uid string, x double")
     for bad in (0, -3, 2.5, True, 10**6):
         with pytest.raises(InvalidParameterError, match="max_records_per_person"):
             summarize(df, "uid", ["x"], SALT, max_records_per_person=bad)
+    with pytest.raises(InvalidParameterError, match="below m_min"):
+        summarize(df, "uid", ["x"], SALT, m_min=3, max_records_per_person=2)
+    with pytest.raises(InvalidParameterError, match="label_columns"):
+        summarize(df, "uid", ["x"], SALT, max_records_per_person=2, label_columns=["uid"])
+    # the config's limit is the library's; YAML `true` is refused, not read as a cap of 1
+    assert SummaryConfig(max_records_per_person=MAX_RECORDS_LIMIT).max_records_per_person == MAX_RECORDS_LIMIT
+    base = {"job_name": "j", "input": {"path": "x.parquet"}, "privacy_unit": {"column": "uid"},
+            "budget": {"epsilon": 1.0}, "output": {"path": "out"}, "ledger": {"enabled": False},
+            "statistics": [{"name": "m", "kind": "mean", "columns": ["x"], "share": 1.0}]}
+    for bad in (True, MAX_RECORDS_LIMIT + 1, 0):
+        with pytest.raises(ConfigError, match="max_records_per_person"):
+            parse_config({**base, "summary": {"max_records_per_person": bad}})
     plan = summarize(df, "uid", ["x"], SALT, max_records_per_person=3)._jdf.queryExecution().toString()
     assert "PythonUDF" not in plan and "BatchEvalPython" not in plan and SALT not in plan
+
+
+def test_capping_in_bhs_person_vectors_keeps_the_summary_records(spark):
+    """The BHS23 person vectors with a cap are the capped summary's means (same label columns,
+    same kept records), bit for bit."""
+    from spark_jobs.covariance import person_vectors
+
+    rng = np.random.default_rng(9)
+    rows = [(f"p{i % 30}", float(rng.normal()), float(rng.normal()), float(rng.normal())) for i in range(600)]
+    df = spark.createDataFrame(rows, "uid string, x double, y double, z double")
+    labels = ["x", "y", "z"]
+    summ = summarize(df, "uid", ["x", "y"], SALT, max_records_per_person=5, label_columns=labels, keep_id=True).toPandas()
+    vec = person_vectors(df, "uid", ["x", "y"], SALT, max_records_per_person=5, label_columns=labels).toPandas()
+    a = summ.set_index("_pid")[["x", "y"]].sort_index()
+    b = vec.set_index("_pid")[["x", "y"]].sort_index()
+    assert len(a) == 30 and (summ["_m_x"] == 5).all()
+    pd.testing.assert_frame_equal(a, b)
+    # a different label list draws other records: the label columns matter
+    other = summarize(df, "uid", ["x", "y"], SALT, max_records_per_person=5, keep_id=True).toPandas()
+    assert not np.array_equal(other.set_index("_pid")[["x"]].sort_index().to_numpy(), a[["x"]].to_numpy())
