@@ -66,6 +66,11 @@ UNEQUAL_RECORDS_IID = (
     "records within a person asserted i.i.d.: radii use m = summary.m_min (public); persons with more "
     "records are averaged over all of them and still weighted equally"
 )
+UNEQUAL_RECORDS_IID_CAPPED = (
+    "records within a person asserted i.i.d.: radii use m = summary.m_min (public); persons with more "
+    "records are averaged over at most summary.max_records_per_person of them (a uniform draw) and "
+    "still weighted equally"
+)
 UNEQUAL_RECORDS_SUMMARY = (
     "summary mode: each person's mean is one item (m = 1 in every formula), whatever the person's "
     "number of records"
@@ -567,11 +572,12 @@ def run_job(
             vector = isinstance(plan, MultivariateMeanPlan)
             extra = {"m_min": cfg.summary.m_min, "max_records_per_person": cfg.summary.max_records_per_person}
             if vector:
-                extra["unequal_records"] = UNEQUAL_RECORDS_IID if plan.mode == "iid" else UNEQUAL_RECORDS_SUMMARY
-                if plan.mode == "iid" and cfg.summary.max_records_per_person is not None:
-                    extra["unequal_records"] = extra["unequal_records"].replace(
-                        "averaged over all of them", "averaged over at most summary.max_records_per_person of them"
-                    )
+                if plan.mode != "iid":
+                    extra["unequal_records"] = UNEQUAL_RECORDS_SUMMARY
+                elif cfg.summary.max_records_per_person is None:
+                    extra["unequal_records"] = UNEQUAL_RECORDS_IID
+                else:
+                    extra["unequal_records"] = UNEQUAL_RECORDS_IID_CAPPED
             log.info("statistic %s: %s", stat.name, rel.status)
             log.debug("statistic %s took %.1fs", stat.name, time.monotonic() - t1)
             rows.append(

@@ -215,5 +215,12 @@ def test_record_cap_through_the_job(spark, flights_sample, tmp_path, monkeypatch
     assert [r.estimate for r in high.rows] == [r.estimate for r in uncapped.rows]
     assert [r.estimate for r in two.rows] != [r.estimate for r in uncapped.rows]
     assert {json.loads(r.parameters)["max_records_per_person"] for r in two.rows} == {2}
+    # the multivariate release under the i.i.d. assertion says the average is over the kept records
+    raw = {**base, "output": {"path": str(tmp_path / "vec")}, "ledger": {"enabled": False},
+           "summary": {"m_min": 1, "max_records_per_person": 2},
+           "statistics": [{"name": "v", "kind": "multivariate_mean", "columns": ["arr_delay", "dep_delay"],
+                           "share": 1.0, "options": {"records_iid": True}}]}
+    (vec,) = run_job(parse_config(raw), spark=spark, noise=SeededNoise(11), run_id="cap").rows
+    assert "at most summary.max_records_per_person" in json.loads(vec.parameters)["unequal_records"]
     with pytest.raises(ConfigError, match="max_records_per_person"):
         parse_config({**base, "summary": {"m_min": 3, "max_records_per_person": 2}})

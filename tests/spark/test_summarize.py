@@ -134,7 +134,7 @@ def test_person_mean_is_the_sorted_left_to_right_sum(spark):
 # ---------------------------------------------------------------------------------------------
 
 
-def _capped_oracle(spark, df, cols, cap):
+def _capped_oracle(df, cols, cap):
     """Independent reference of capping: Spark gives only each record's JSON label (the input
     of the key); dplib's hashlib ``record_keys`` orders the records, pandas keeps the ``cap``
     smallest per person and sums the finite kept values in ascending order."""
@@ -179,7 +179,7 @@ def test_capping_matches_the_keyed_hash_reference(spark):
     rows += [("u0", float("nan"), 7.0), ("NA", 1.0, 1.0), (None, 2.0, 2.0)]
     assert len(rows) > len(set(rows))  # real duplicates
     df = spark.createDataFrame(rows, "uid string, x double, y double")
-    want = _capped_oracle(spark, df, ["x", "y"], 4)
+    want = _capped_oracle(df, ["x", "y"], 4)
     gi = dict(zip(group_index(list(want), SALT), want))
     for parts in (1, 6, 13):
         shuffled = df.orderBy(F.rand(parts)).repartition(parts)
