@@ -200,7 +200,6 @@ def person_batches(
 
 def _bottom_k_batches(df, unit_column, category_column, categories, m, salt_hex, label_columns, null_values):
     """The ``"bottomk"`` plan (module docstring): one shuffle, one sort, one pass."""
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     k = len(categories) + 1
@@ -209,9 +208,11 @@ def _bottom_k_batches(df, unit_column, category_column, categories, m, salt_hex,
     # person satisfies the window's (person, label) clustering and the aggregation by person).
     rec = rec.repartition("_pid")
     # Identical records share (person, label) (and so the category, which is part of the label):
-    # number them 0..cnt-1. Their order among themselves is immaterial (they are identical).
-    same = Window.partitionBy("_pid", "_label").orderBy("_cat")
-    numbered = rec.select("_pid", "_label", "_cat", (F.row_number().over(same) - 1).alias("_j"))
+    # number them 0..cnt-1 (which copy gets which number is immaterial: they are identical). A
+    # hash aggregation counts them inside the partition (no sort, no second shuffle: hash
+    # partitioning by person satisfies the clustering on (person, label, category)).
+    counted = rec.groupBy("_pid", "_label", "_cat").agg(F.count(F.lit(1)).alias("_cnt"))
+    numbered = counted.select("_pid", "_label", "_cat", F.explode(F.sequence(F.lit(0), F.col("_cnt") - 1)).alias("_j"))
     keyed = _with_record_key(numbered, salt_hex)
     order = F.struct(F.substring("_key", 1, 2 * KEY_HEX_DIGITS).alias("key"), F.col("_cat").alias("cat"))
     per = keyed.groupBy("_pid").agg(F.min_by("_cat", order, m).alias("_cats"))

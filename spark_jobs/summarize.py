@@ -14,11 +14,17 @@ Record rules (documented in README.md):
 
 - id null, or equal after trimming to one of ``null_values``: record dropped (no person).
 - value NaN, +inf or -inf: that value is dropped for that column before the person's mean.
-- finite values are clamped to ``[-VALUE_BOUND, VALUE_BOUND]`` (1e300) before averaging; a
-  per-record transform that leaves real data untouched. (A sum of more than ~1e8 such extreme
-  records could still overflow to +-inf; the clamp in the aggregates maps it back to +-1e300.)
-- the person's mean sums their values in sorted order, so it depends only on their own values,
-  never on how Spark partitions the data.
+- finite values are clamped to ``[-CLAMP, CLAMP]`` (``CLAMP`` ~3.17e29, the largest double
+  below 2**98, :data:`dplib.summary.CLAMP`), and magnitudes below 2**-98 (~3.2e-30) keep only
+  their bits above 2**-150 (~7e-46; truncated toward zero): per-record transforms that leave real
+  data untouched (rescale a column whose values live outside [1e-29, 1e29]).
+- the person's mean is the exact fixed-point sum of :mod:`dplib.summary` divided by the count:
+  each value becomes eight signed 31-bit limbs of ``floor(|v| 2**150)``, summed per person as
+  64-bit integers (exact; Spark reduces them map-side like a plain ``sum``), then added high limb
+  first in double. It depends only on the person's own values, never on partitioning or shuffle
+  order, and :func:`dplib.summary.person_mean` is its numpy twin (bit for bit, tested). A limb
+  sum could overflow only beyond 2**32 records of one person (Spark's ANSI mode then fails the
+  job; it never wraps).
 - record capping (``max_records_per_person = R``, off by default): a person with more than R
   records keeps R of them, drawn uniformly without replacement by the salted keyed-hash order of
   :mod:`dplib.distribution.batches` (record ``r`` of person ``p`` gets the key
@@ -37,9 +43,11 @@ Record rules (documented in README.md):
 
 from __future__ import annotations
 
-from dplib.aggregates import VALUE_BOUND
+import math
+
 from dplib.errors import InvalidParameterError
 from dplib.groups import derive_salt, is_salt
+from dplib.summary import CLAMP, LIMB_BITS, LIMBS, SHIFT
 
 #: Largest ``max_records_per_person`` (Spark's limit on ``min_by``'s ``k``).
 MAX_RECORDS_LIMIT = 100_000
@@ -107,35 +115,56 @@ def summarize(
     if cap is not None and not set(value_columns) <= set(labels):
         raise InvalidParameterError("label_columns must include every value column")
     uid = F.col(unit_column)
-    records = df.where(_valid_id(uid, null_values))
+    # Records without a valid id are grouped like any id and their group is dropped after the
+    # aggregation: the same rows as dropping them first, with the string test (trim + compare)
+    # run once per group instead of once per record.
     if cap is not None:
-        capped = _capped_values(records, uid, value_columns, labels, derive_salt(salt_hex, CAP_SALT_TAG), cap)
-        return _finish(capped, df, value_columns, salt_hex, m_min, keep_id)
-    aggs = []
-    for c in value_columns:
-        # Order-independent mean: sum the person's values in sorted order. Spark's avg adds in
-        # shuffle order, which depends on partitioning (and so on other persons); its last bits
-        # could move a person across a histogram bin edge. Sorting makes Y_i a function of the
-        # person's own multiset of values.
-        # sort_array, not array_sort: the same ascending order here (collect_list drops nulls,
-        # NaN was mapped to null; the two orders differ only on nulls), but sort_array is
-        # generated code while array_sort evaluates a comparator lambda per comparison
-        # (measured ~1.3x faster on the whole pass, benchmarks/README.md). Ties are equal values
-        # or -0.0 / 0.0, whose order cannot change a sum that starts at +0.0.
-        aggs.append(F.sort_array(F.collect_list(_usable(c))).alias(f"_vals_{c}"))
-    per_person = records.groupBy(uid.cast("string").alias("_pid")).agg(*aggs)
+        per_person = _capped_values(df, uid, value_columns, labels, derive_salt(salt_hex, CAP_SALT_TAG), cap)
+    else:
+        names = [f"_u{i}" for i in range(len(value_columns))]
+        rows = df.select(uid.cast("string").alias("_pid"), *[_usable(c).alias(n) for c, n in zip(value_columns, names)])
+        per_person = _limb_sums(rows, value_columns, names)
+    # (Spark pushes a filter on a grouping key below the aggregation; tying the test to an
+    # aggregate output keeps it above: every group has a count >= 0.)
+    kept = F.when(F.col(f"_m_{value_columns[0]}") >= 0, _valid_id(F.col("_pid"), null_values)).otherwise(F.lit(False))
+    per_person = per_person.where(kept)
     return _finish(per_person, df, value_columns, salt_hex, m_min, keep_id)
 
 
 def _usable(c):
     """A value column as the summary uses it: double, non-finite -> null, clamped to
-    ``[-VALUE_BOUND, VALUE_BOUND]``."""
+    ``[-CLAMP, CLAMP]``."""
     from pyspark.sql import functions as F
 
     v = F.col(c).try_cast("double")  # CSV strings: a non-number becomes null (dropped)
     # Spark's least/greatest skip nulls (greatest(null, x) = x): test for null first.
     bad = v.isNull() | F.isnan(v) | (F.abs(v) == F.lit(float("inf")))
-    return F.when(bad, F.lit(None).cast("double")).otherwise(F.least(F.greatest(v, F.lit(-VALUE_BOUND)), F.lit(VALUE_BOUND)))
+    return F.when(bad, F.lit(None).cast("double")).otherwise(F.least(F.greatest(v, F.lit(-CLAMP)), F.lit(CLAMP)))
+
+
+def _limb_sums(rows, value_columns, names):
+    """``(_pid, <names>: usable doubles)`` -> ``(_pid, _m_<col>, _s<i>_<col>)``: per person the
+    count of usable values and the ``LIMBS`` exact limb sums of :mod:`dplib.summary`, in one
+    aggregation by ``_pid`` (native expressions; map-side partial aggregation).
+
+    Limb ``i`` of a value ``u`` is ``sign(u) * (floor(|u| 2**(SHIFT - 31 i)) mod 2**31)``, computed
+    in double arithmetic that is exact here: with ``y = u 2**(SHIFT - 31 i)`` (a power-of-two
+    scaling: exact, ``|u| <= CLAMP`` keeps it finite and ``|y| >= 2**-217`` or 0 keeps it normal),
+    clamped to ``+-2**84`` (where the limb is 0 anyway: ``ulp(y) >= 2**32``),
+    ``k = trunc(y 2**-31)`` fits a long (``|k| < 2**53``), ``y - k 2**31`` is exact (both are
+    multiples of ``ulp(y)`` and the difference is below ``2**31``) and its truncation toward zero
+    is the signed limb. No ``log2``/``pow``/shifts, no branches: it stays generated code."""
+    from pyspark.sql import functions as F
+
+    two84, down, up = repr(math.ldexp(1.0, 84)), repr(math.ldexp(1.0, -LIMB_BITS)), repr(math.ldexp(1.0, LIMB_BITS))
+    aggs = []
+    for c, n in zip(value_columns, names):
+        aggs.append(F.count(n).alias(f"_m_{c}"))
+        for i in range(LIMBS):
+            y = f"least(greatest({n} * {math.ldexp(1.0, SHIFT - LIMB_BITS * i)!r}D, -{two84}D), {two84}D)"
+            limb = f"cast({y} - cast(cast({y} * {down}D as bigint) as double) * {up}D as bigint)"
+            aggs.append(F.sum(F.expr(limb)).alias(f"_s{i}_{c}"))
+    return rows.groupBy("_pid").agg(*aggs)
 
 
 def _check_cap(cap):
@@ -147,10 +176,9 @@ def _check_cap(cap):
 
 
 def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
-    """``(_pid, _vals_<col>...)``: each person's usable values of the at most ``cap`` records
-    with the smallest keys (module docstring), sorted ascending per column. One shuffle by
-    person; the window numbering identical records and the bounded ``min_by`` run inside it."""
-    from pyspark.sql import Window
+    """:func:`_limb_sums` over each person's at most ``cap`` records with the smallest keys
+    (module docstring). One shuffle by person; the count of identical records, the bounded
+    ``min_by`` and the limb sums run inside it."""
     from pyspark.sql import functions as F
 
     from spark_jobs.batches import KEY_HEX_DIGITS, _with_record_key
@@ -161,32 +189,32 @@ def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
         uid.cast("string").alias("_pid"), label.alias("_label"),
         F.struct(*[_usable(c).alias(n) for c, n in zip(value_columns, names)]).alias("_rec"),
     ).repartition("_pid")
-    # identical records (same label) are numbered 0..cnt-1 within the person; their order among
-    # themselves is immaterial (the label is a function of every value column the summary reads)
-    same = Window.partitionBy("_pid", "_label").orderBy("_label")
-    numbered = rec.select("_pid", "_label", "_rec", (F.row_number().over(same) - 1).alias("_j"))
+    # identical records (same label) are numbered 0..cnt-1 within the person; which copy gets
+    # which number is immaterial (the label is a function of every value column the summary
+    # reads, so copies hold the same values). A hash aggregation counts them inside the
+    # partition (no sort; hash partitioning by person satisfies the (person, label) clustering).
+    counted = rec.groupBy("_pid", "_label", "_rec").agg(F.count(F.lit(1)).alias("_cnt"))
+    numbered = counted.select("_pid", "_label", "_rec", F.explode(F.sequence(F.lit(0), F.col("_cnt") - 1)).alias("_j"))
     keyed = _with_record_key(numbered, salt_hex, keep=("_rec",))
     order = F.struct(F.substring("_key", 1, 2 * KEY_HEX_DIGITS).alias("key"), F.col("_rec").alias("rec"))
     per = keyed.groupBy("_pid").agg(F.min_by("_rec", order, cap).alias("_kept"))
-    vals = [
-        F.sort_array(F.filter(F.col("_kept").getField(n), lambda x: x.isNotNull())).alias(f"_vals_{c}")
-        for c, n in zip(value_columns, names)
-    ]
-    return per.select("_pid", *vals)
+    # the kept records, one row each, summed like uncapped records (the rows are already
+    # partitioned by person: no second shuffle)
+    kept = per.select("_pid", F.explode("_kept").alias("_r")).select("_pid", *[F.col("_r").getField(n).alias(n) for n in names])
+    return _limb_sums(kept, value_columns, names)
 
 
 def _finish(per_person, df, value_columns, salt_hex, m_min, keep_id):
-    """``(_pid, _vals_<col>...)`` (sorted usable values) -> the summary columns."""
+    """``(_pid, _m_<col>, _s<i>_<col>)`` (:func:`_limb_sums`) -> the summary columns."""
     from pyspark.sql import functions as F
 
-    sums = {}
+    means = []
     for c in value_columns:
-        vals = F.col(f"_vals_{c}")
-        total = F.aggregate(vals, F.lit(0.0), lambda acc, x: acc + x)
-        sums[c] = (F.size(vals), F.when(F.size(vals) > 0, total / F.size(vals)))
-    per_person = per_person.select(
-        "_pid", *[x for c in value_columns for x in (sums[c][0].alias(f"_m_{c}"), sums[c][1].alias(f"_avg_{c}"))]
-    )
+        total = F.lit(0.0)
+        for i in range(LIMBS - 1, -1, -1):  # high limb first, as dplib.summary.total_from_limb_sums
+            total = total + F.col(f"_s{i}_{c}").cast("double") * F.lit(math.ldexp(1.0, LIMB_BITS * i - SHIFT))
+        means.append(F.when(F.col(f"_m_{c}") > 0, total / F.col(f"_m_{c}")).alias(f"_avg_{c}"))
+    per_person = per_person.select("_pid", *[F.col(f"_m_{c}") for c in value_columns], *means)
     # The salt enters as data of a one-row broadcast table, not as a literal: literals are
     # printed in query plans (Spark UI, event logs, explain()), table rows are not.
     salt_df = df.sparkSession.createDataFrame([(salt_hex,)], "_salt string")

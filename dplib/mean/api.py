@@ -6,13 +6,14 @@ from typing import Sequence
 
 import numpy as np
 
-from dplib.aggregates import VALUE_BOUND, NumpyAggregates
+from dplib.aggregates import NumpyAggregates
 from dplib.budget import Accountant, Budget
 from dplib.errors import InputDataError
 from dplib.groups import group_index, new_salt
 from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
 from dplib.mean.univariate import MeanRelease, UnivariateMeanPlan, univariate_person_mean
 from dplib.mechanisms import NoiseSource, production_noise
+from dplib.summary import person_sums
 
 
 #: Id values treated as missing, as the Spark job's default ``privacy_unit.null_values``.
@@ -42,7 +43,9 @@ def person_means(
 
     Returns
     -------
-    (ids of shape (n_persons,), means of shape (n_persons,))
+    (ids of shape (n_persons,), means of shape (n_persons,)): sorted ids; each mean is
+    :mod:`dplib.summary`'s exact sum (values clamped to ``+-CLAMP`` ~3.17e29) over the count,
+    the same bits as the Spark summarize pass.
 
     Raises
     ------
@@ -54,14 +57,12 @@ def person_means(
     if vals.shape != ids.shape:
         raise InputDataError("values and person_ids must have the same length")
     keep = np.isfinite(vals) & np.array([_is_person(pid, null_values) for pid in ids], dtype=bool)
-    # clamp records as the Spark summarize pass does; a sum that still overflows is clamped too
-    vals, ids = np.clip(vals[keep], -VALUE_BOUND, VALUE_BOUND), ids[keep].astype(str)
+    vals, ids = vals[keep], ids[keep].astype(str)
     uniq, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
-    with np.errstate(over="ignore", invalid="ignore"):
-        sums = np.bincount(inverse, weights=vals, minlength=uniq.size)
-        means = np.nan_to_num(sums / np.maximum(counts, 1), nan=0.0, posinf=VALUE_BOUND, neginf=-VALUE_BOUND)
+    # the Spark summarize pass's exact fixed-point sum, bit for bit (values clamped to +-CLAMP)
+    means = person_sums(vals, inverse, uniq.size) / np.maximum(counts, 1)
     ok = counts >= int(m_min)
-    return uniq[ok], np.clip(means[ok], -VALUE_BOUND, VALUE_BOUND)
+    return uniq[ok], means[ok]
 
 
 def person_level_mean(

@@ -16,6 +16,7 @@ from dplib.covariance.person import NumpyPersonVectors, private_person_statistic
 from dplib.errors import ConfigError
 from dplib.groups import derive_salt
 from dplib.mechanisms import SeededNoise
+from dplib.summary import person_mean
 from spark_jobs import job as job_mod
 from spark_jobs.config import parse_config
 from spark_jobs.job import plan_job, run_job, statistic_plan
@@ -63,11 +64,11 @@ def records(tmp_path_factory):
 
 
 def person_means(pdf):
-    """Each person's mean as Spark's summarize computes it: sorted values summed left to right."""
+    """Each person's mean as Spark's summarize computes it (dplib.summary's numpy twin)."""
     ids, rows = [], []
     for pid, g in pdf.groupby("pid", sort=False):
         ids.append(pid)
-        rows.append([(0.0 + sum(sorted(g[c].tolist()), 0.0)) / len(g) for c in COLS])
+        rows.append([person_mean(g[c].to_numpy(dtype=float)) for c in COLS])
     return ids, np.array(rows)
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from dplib.groups import group_index
+from dplib.summary import CLAMP, person_mean
 from spark_jobs.summarize import summarize
 
 pytestmark = pytest.mark.spark
@@ -66,7 +67,7 @@ def test_huge_values_do_not_overflow(spark):
     df = spark.createDataFrame([("a", 1e308), ("a", 1e308), ("b", -1e308)], "uid string, x double")
     got = summarize(df, "uid", ["x"], SALT).toPandas()
     assert np.all(np.isfinite(got["x"].to_numpy(dtype=float)))
-    assert sorted(got["x"]) == [-1e300, 1e300]
+    assert sorted(got["x"]) == [-CLAMP, CLAMP]  # clamped per record: no sum can overflow
 
 
 def test_no_python_udf_and_salt_not_in_plan(spark):
@@ -78,8 +79,9 @@ def test_no_python_udf_and_salt_not_in_plan(spark):
 
 
 def test_person_mean_independent_of_partitioning(spark):
-    """Spark's avg adds in shuffle order; summarize sums sorted values, so the person mean does
-    not depend on how the records are partitioned (found: avg gave 0.9999999999999999 or 1.0)."""
+    """Spark's avg adds in shuffle order; summarize sums exact fixed-point limbs, so the person
+    mean does not depend on how the records are partitioned (found: avg gave 0.9999999999999999
+    or 1.0) and equals the numpy twin."""
     rows = [("p", v) for v in (1.4, 0.5, 1.9, 0.2)] * 5 + [(f"q{i}", float(i) / 7) for i in range(200)]
     df = spark.createDataFrame(rows, "uid string, x double")
     seen = set()
@@ -87,12 +89,9 @@ def test_person_mean_independent_of_partitioning(spark):
         got = summarize(df.repartition(parts), "uid", ["x"], SALT).toPandas()
         gi = int(group_index(["p"], SALT)[0])
         seen.add(float(got.loc[got["_group"] == gi, "x"].iloc[0]))
-    assert len(seen) == 1
-    vals = sorted([1.4, 0.5, 1.9, 0.2] * 5)
-    total = 0.0
-    for v in vals:
-        total += v
-    assert seen == {total / len(vals)}
+    assert seen == {person_mean([1.4, 0.5, 1.9, 0.2] * 5)}
+    # the values tell summation orders apart: the exact sum is not the naive one
+    assert sum([1.4, 0.5, 1.9, 0.2] * 5) / 20 != math.fsum([1.4, 0.5, 1.9, 0.2] * 5) / 20 == person_mean([1.4, 0.5, 1.9, 0.2] * 5)
 
 
 def test_csv_ids_are_strings_and_bad_tokens_dropped(spark, tmp_path):
@@ -110,23 +109,45 @@ def test_csv_ids_are_strings_and_bad_tokens_dropped(spark, tmp_path):
     assert by_id == {"007": (1.0, 1), "7": (3.0, 1)}
 
 
-def test_person_mean_is_the_sorted_left_to_right_sum(spark):
-    """Bit for bit: a person's mean is 0.0 + v_(1) + v_(2) + ... over the ascending values,
-    divided by the count (signed zeros, ties, mixed signs and magnitudes; any partitioning)."""
-    vals = [1.0, 0.1, -0.0, 1.0, 0.0, 1e16, -1e16, 0.1, 3.0, -2.5, 1e-300, -0.0]
-    rows = [("p", v) for v in vals] + [(f"q{i}", float(i)) for i in range(50)]
+def _tricky_values(rng):
+    """Values near powers of two across the fixed-point window and beyond it (clamped or
+    truncated), subnormals, signed zeros, mixed magnitudes."""
+    vals = []
+    for k in list(range(-160, 100, 7)) + [-150, -149, -98, -97, 0, 1, 52, 53, 97, 98]:
+        for d in (-1, 0, 1):
+            vals.append(math.ldexp(1.0, k) * (1 + d * 2**-52))
+    vals += [5e-324, -5e-324, 1e-310, 3.1e29, -3.3e29, 1e300, -1e308, 0.0, -0.0, 0.1, 1 / 3, CLAMP, -CLAMP]
+    vals += list(rng.standard_normal(200) * 10 ** rng.uniform(-40, 40, 200))
+    return [float(v) for v in vals]
+
+
+def test_person_mean_equals_the_numpy_twin_bit_for_bit(spark):
+    """Bit for bit against dplib.summary.person_mean (an independent implementation: frexp and
+    integer shifts in numpy, where Spark uses double arithmetic): persons of many mixed values,
+    every value alone, any partitioning; inside the fixed-point window the mean is the exact
+    mean (math.fsum) up to the final roundings."""
+    vals = _tricky_values(np.random.default_rng(1))
+    rows = [(f"p{i % 37}", v) for i, v in enumerate(vals)] + [(f"s{i}", v) for i, v in enumerate(vals)]
     df = spark.createDataFrame(rows, "uid string, x double")
-    total = 0.0
-    for v in sorted(vals):
-        total += v
-    expected = total / len(vals)
-    # the values tell the orders apart: exact sum, record order and reverse order all differ
-    assert len({expected, math.fsum(vals) / len(vals), sum(vals) / len(vals), sum(vals[::-1]) / len(vals)}) == 4
-    gi = int(group_index(["p"], SALT)[0])
+    ids = sorted({r[0] for r in rows})
+    by_id = {}
+    for pid, v in rows:
+        by_id.setdefault(pid, []).append(v)
+    gi = dict(zip(group_index(ids, SALT), ids))
     for parts in (1, 5):
         got = summarize(df.repartition(parts), "uid", ["x"], SALT).toPandas()
-        row = got.loc[got["_group"] == gi]
-        assert float(row["x"].iloc[0]) == expected and int(row["_m_x"].iloc[0]) == len(vals)
+        assert len(got) == len(ids)
+        for g, x, m in zip(got["_group"], got["x"], got["_m_x"]):
+            pid = gi[int(g)]
+            assert m == len(by_id[pid])
+            assert x == person_mean(by_id[pid]), pid
+    # inside the window the mean is the exact mean up to the final roundings
+    inside = [v for v in vals if 2.0**-98 <= abs(v) < 2.0**97]
+    assert person_mean(inside) == pytest.approx(math.fsum(inside) / len(inside), rel=1e-15)
+    # outside it: clamped at CLAMP, and truncated below 2**-150
+    assert person_mean([1e300, 1e300]) == CLAMP and person_mean([-1e308]) == -CLAMP
+    assert person_mean([2.5 * 2.0**-150]) == 2 * 2.0**-150 and person_mean([-2.5 * 2.0**-150]) == -2 * 2.0**-150
+    assert person_mean([3e-46]) == 0.0 and person_mean([5e-324]) == 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,7 +158,7 @@ def test_person_mean_is_the_sorted_left_to_right_sum(spark):
 def _capped_oracle(df, cols, cap):
     """Independent reference of capping: Spark gives only each record's JSON label (the input
     of the key); dplib's hashlib ``record_keys`` orders the records, pandas keeps the ``cap``
-    smallest per person and sums the finite kept values in ascending order."""
+    smallest per person and dplib.summary.person_mean averages the finite kept values."""
     from pyspark.sql import functions as F
 
     from dplib.distribution.batches import record_keys
@@ -152,11 +173,8 @@ def _capped_oracle(df, cols, cap):
         kept = g.sort_values(["k1", "k2"]).head(cap)
         entry = {}
         for c in cols:
-            v = sorted(x for x in kept[c].to_numpy(dtype=float) if math.isfinite(x))
-            total = 0.0
-            for x in v:
-                total += x
-            entry[c] = (total / len(v) if v else None, len(v))
+            v = [x for x in kept[c].to_numpy(dtype=float) if math.isfinite(x)]
+            entry[c] = (person_mean(v) if v else None, len(v))
         out[uid] = entry
     return out
 
