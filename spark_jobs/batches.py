@@ -10,13 +10,15 @@ No Python UDF; the person id is dropped after hashing.
 
 Three physical plans compute the same rows (tested equal, and equal to the numpy twin):
 
-- ``"bottomk"`` (default): one shuffle of the labelled records by person, then, inside each
-  shuffle partition, one sort by (person, label): a window ``row_number`` over (person, label)
-  numbers identical records ``j = 0, 1, ...``, the salted key is computed once per record, and
-  Spark's bounded aggregate ``min_by(category, (key, category), m)`` (Spark >= 4.2; a heap of at
-  most m entries per person, run as a sort aggregate on the order the window already produced)
-  keeps the m smallest keys. Counts per category come from native array expressions. No second
-  shuffle, no second sort, no per-person Python.
+- ``"bottomk"`` (default): identical records (same person and label) are counted by a hash
+  aggregation, expanded to copies numbered ``j = 0, 1, ...``, the salted key is computed once
+  per copy, and Spark's bounded aggregate ``min_by(category, (key, category), m)`` (Spark >= 4.2;
+  a heap of at most m entries per person) keeps the m smallest keys. With the default label
+  (the category alone) the count runs before the shuffle with map-side partial aggregation, as
+  a plain ``groupBy(person, category).count()`` does, and a second, small exchange moves the
+  (person, label, category, count) rows by person; with other labels the records are shuffled
+  once by person and counted inside the partition. Counts per category come from native array
+  expressions; no per-person Python.
   For ``m`` above Spark's limit of ``min_by``'s ``k`` (:data:`BOTTOM_K_LIMIT`) it falls back to
   the window plan.
 - ``"window"``: numbering of identical records by an aggregation, then ``row_number()`` over
@@ -74,17 +76,24 @@ def _labelled_records(df, unit_column, category_column, categories, salt_hex, la
     # public category list -> index (a literal map; the list is public, so plans may show it)
     mapping = F.create_map(*[x for i, c in enumerate(cats) for x in (F.lit(c), F.lit(i))])
     cat = F.coalesce(mapping[F.col(category_column).cast("string")], F.lit(other)).cast("int")
-    label_cols = list(label_columns) if label_columns else list(df.columns)
-    if category_column not in label_cols:
-        # Two records with one label but different categories would get the same key (j counts
-        # within (person, label, category)) and their tie would be broken by the category: the
-        # draws would depend on it. The category is therefore always part of the label.
-        label_cols.append(category_column)
+    label_cols = _label_columns(label_columns, category_column)
     label = F.sha2(F.to_json(F.struct(*[F.col(c) for c in label_cols])), 256)
     uid = F.col(unit_column)
     return df.where(_valid_id(uid, null_values)).select(
         uid.cast("string").alias("_pid"), cat.alias("_cat"), label.alias("_label")
     )
+
+
+def _label_columns(label_columns, category_column):
+    """The columns whose JSON names a record: ``label_columns`` (default: the category column
+    alone), with the category column always added."""
+    label_cols = list(label_columns) if label_columns else [category_column]
+    if category_column not in label_cols:
+        # Two records with one label but different categories would get the same key (j counts
+        # within (person, label, category)) and their tie would be broken by the category: the
+        # draws would depend on it. The category is therefore always part of the label.
+        label_cols.append(category_column)
+    return label_cols
 
 
 def _with_record_key(numbered, salt_hex, keep=("_cat",)):
@@ -156,7 +165,8 @@ def person_batches(
     salt_hex : str
         The run's secret salt (64 hex); joined as data, never a literal.
     label_columns : sequence of str, optional
-        Columns whose JSON names a record (default: every column of ``df``).
+        Columns whose JSON names a record (default: the category column alone; the category
+        column is always added). Any choice gives the same law of the batches.
     plan : "bottomk" (default), "window" or "collect"
         Physical plan (module docstring); all give the same rows.
 
@@ -199,19 +209,25 @@ def person_batches(
 
 
 def _bottom_k_batches(df, unit_column, category_column, categories, m, salt_hex, label_columns, null_values):
-    """The ``"bottomk"`` plan (module docstring): one shuffle, one sort, one pass."""
+    """The ``"bottomk"`` plan (module docstring): hash-aggregated counts of identical records, one
+    key per copy, a bounded ``min_by`` per person."""
     from pyspark.sql import functions as F
 
     k = len(categories) + 1
-    rec = _labelled_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values)
-    # One shuffle by person; everything after it stays in the partition (hash partitioning by
-    # person satisfies the window's (person, label) clustering and the aggregation by person).
-    rec = rec.repartition("_pid")
-    # Identical records share (person, label) (and so the category, which is part of the label):
-    # number them 0..cnt-1 (which copy gets which number is immaterial: they are identical). A
-    # hash aggregation counts them inside the partition (no sort, no second shuffle: hash
-    # partitioning by person satisfies the clustering on (person, label, category)).
-    counted = rec.groupBy("_pid", "_label", "_cat").agg(F.count(F.lit(1)).alias("_cnt"))
+    if _label_columns(label_columns, category_column) == [category_column]:
+        # Records named by their category alone (the default): count (person, category) with
+        # map-side partial aggregation (the shuffle of a plain person x category count), then
+        # name each group once. The same labels, keys and draws as the per-record path below.
+        counted = _category_counts(df, unit_column, category_column, categories, salt_hex, null_values)
+    else:
+        rec = _labelled_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values)
+        # One shuffle by person; everything after it stays in the partition (hash partitioning
+        # by person satisfies the clustering on (person, label, category) and on person).
+        rec = rec.repartition("_pid")
+        # Identical records share (person, label) (and so the category, which is part of the
+        # label): a hash aggregation counts them inside the partition (no sort).
+        counted = rec.groupBy("_pid", "_label", "_cat").agg(F.count(F.lit(1)).alias("_cnt"))
+    # number identical records 0..cnt-1 (which copy gets which number is immaterial)
     numbered = counted.select("_pid", "_label", "_cat", F.explode(F.sequence(F.lit(0), F.col("_cnt") - 1)).alias("_j"))
     keyed = _with_record_key(numbered, salt_hex)
     order = F.struct(F.substring("_key", 1, 2 * KEY_HEX_DIGITS).alias("key"), F.col("_cat").alias("cat"))
@@ -221,6 +237,32 @@ def _bottom_k_batches(df, unit_column, category_column, categories, m, salt_hex,
     # count of category j among the m kept = m - size(array_remove(cats, j)) (native, no lambda)
     counts = F.array(*[F.lit(m) - F.size(F.array_remove("_cats", F.lit(j))) for j in range(k)])
     return per.select("_group", counts.cast("array<int>").alias("counts"))
+
+
+def _category_counts(df, unit_column, category_column, categories, salt_hex, null_values):
+    """``(_pid, _label, _cat, _cnt)`` for records named by their category alone: one row per
+    (person, category value), ``_label`` the SHA-256 hex of ``to_json(struct(category))`` (as
+    :func:`_labelled_records` computes it per record), ``_cnt`` the person's records of it."""
+    from pyspark.sql import functions as F
+
+    cats = check_categories(categories)
+    if not is_salt(salt_hex):
+        raise InvalidParameterError("salt must be 64 lowercase hex characters")
+    for c in (unit_column, category_column):
+        if c not in df.columns:
+            raise InvalidParameterError(f"column {c!r} not found in the records; they have {sorted(df.columns)}")
+    uid = F.col(unit_column)
+    mapping = F.create_map(*[x for i, c in enumerate(cats) for x in (F.lit(c), F.lit(i))])
+    cat = F.coalesce(mapping[F.col(category_column).cast("string")], F.lit(len(cats))).cast("int")
+    # grouped by the JSON text itself (not the raw value: grouping normalises -0.0 and NaN of a
+    # floating category column, the per-record path does not)
+    counted = (
+        df.where(_valid_id(uid, null_values))
+        .select(uid.cast("string").alias("_pid"), F.to_json(F.struct(F.col(category_column))).alias("_json"), cat.alias("_cat"))
+        .groupBy("_pid", "_json", "_cat")
+        .agg(F.count(F.lit(1)).alias("_cnt"))
+    )
+    return counted.select("_pid", F.sha2(F.col("_json"), 256).alias("_label"), "_cat", "_cnt")
 
 
 class SparkBatchAggregates:

@@ -176,8 +176,9 @@ class DistributionOptions(_Frozen):
     alpha flattens the score and costs accuracy, benchmarks/README.md); ``p3_count_share``
     (P3, default 0.1): share of epsilon spent on the DP count n0. All public and fixed (the grid
     is never chosen from the data). ``record_label_columns``:
-    the columns that name a record in the sampling order (default: every column of the input;
-    the category column is always added, so the draws cannot depend on the category).
+    the columns that name a record in the sampling order (default: the category column alone,
+    which gives the same law of the batches as naming records by every column and is the
+    fastest plan; the category column is always added, so the draws cannot depend on it).
     """
 
     categories: tuple[str, ...]

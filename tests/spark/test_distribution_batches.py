@@ -47,11 +47,15 @@ def frame(spark):
 
 
 @pytest.mark.parametrize("plan", ["bottomk", "collect", "window"])
-def test_spark_batches_equal_numpy_twin(spark, frame, plan):
+@pytest.mark.parametrize("label_columns", [None, ["pid", "dest", "flight"], ["flight"]], ids=["default", "all", "flight"])
+def test_spark_batches_equal_numpy_twin(spark, frame, plan, label_columns):
+    """Default labels (the category alone: bottomk counts (person, category) before the
+    shuffle), every column, and a column list the category is added to (after it)."""
     rows, df = frame
     m = 4
-    twin = NumpyBatches([r["pid"] for r in rows], [r["dest"] for r in rows], _labels(rows, ["pid", "dest", "flight"]), CATS, m, SALT)
-    batches = person_batches(df, "pid", "dest", CATS, m, SALT, null_values=[], plan=plan).collect()
+    cols = ["dest"] if label_columns is None else label_columns + ([] if "dest" in label_columns else ["dest"])
+    twin = NumpyBatches([r["pid"] for r in rows], [r["dest"] for r in rows], _labels(rows, cols), CATS, m, SALT)
+    batches = person_batches(df, "pid", "dest", CATS, m, SALT, label_columns=label_columns, null_values=[], plan=plan).collect()
     got = sorted((int(r["_group"]), tuple(r["counts"])) for r in batches)
     want = sorted((int(g), tuple(int(x) for x in c)) for g, c in zip(twin.group, twin.counts))
     assert got == want
@@ -64,7 +68,7 @@ def test_spark_batches_equal_numpy_twin(spark, frame, plan):
 def test_statistics_agree_exactly(spark, frame):
     rows, df = frame
     m = 3
-    twin = NumpyBatches([r["pid"] for r in rows], [r["dest"] for r in rows], _labels(rows, ["pid", "dest", "flight"]), CATS, m, SALT)
+    twin = NumpyBatches([r["pid"] for r in rows], [r["dest"] for r in rows], _labels(rows, ["dest"]), CATS, m, SALT)
     sb = person_batches(df, "pid", "dest", CATS, m, SALT, null_values=[]).persist()
     try:
         spark_agg = SparkBatchAggregates(sb, len(CATS) + 1, m)
@@ -94,11 +98,11 @@ def test_statistics_agree_exactly(spark, frame):
         sb.unpersist()
 
 
-def test_default_label_is_every_column_and_unknown_is_other(spark, frame):
+def test_default_label_is_the_category_and_unknown_is_other(spark, frame):
     rows, df = frame
     m = 1
     batches = person_batches(df, "pid", "dest", CATS, m, SALT, null_values=[]).collect()
-    twin = NumpyBatches([r["pid"] for r in rows], [r["dest"] for r in rows], _labels(rows, ["pid", "dest", "flight"]), CATS, m, SALT)
+    twin = NumpyBatches([r["pid"] for r in rows], [r["dest"] for r in rows], _labels(rows, ["dest"]), CATS, m, SALT)
     assert sorted(tuple(r["counts"]) for r in batches) == sorted(tuple(int(x) for x in c) for c in twin.counts)
     # categories never come from the data: a list naming none of the values puts all in OTHER
     only_other = person_batches(df, "pid", "dest", ["NO_SUCH_AIRPORT"], m, SALT, null_values=[]).collect()
@@ -133,7 +137,7 @@ def test_label_without_the_category_cannot_bias_the_draws(spark, plan):
     assert 75 <= hits <= 125, hits
 
 
-def _twin_rows(rows, m, cols=("pid", "dest", "flight")):
+def _twin_rows(rows, m, cols=("dest",)):
     twin = NumpyBatches([r["pid"] for r in rows], [r["dest"] for r in rows], _labels(rows, list(cols)), CATS, m, SALT)
     return sorted((int(g), tuple(int(x) for x in c)) for g, c in zip(twin.group, twin.counts))
 
@@ -174,9 +178,17 @@ def test_bottomk_falls_back_to_window_above_the_min_by_limit(spark, frame, monke
 
 
 def test_bottomk_plan_shuffles_the_records_once(spark, frame):
-    """The default plan moves each record across the network once (one exchange below the
-    per-person rows; the salt and the final aggregate only add broadcasts / a single row)."""
+    """The default plan moves each record across the network once: with every column as the
+    label, one exchange of the records by person; with the category as the label (default),
+    the records leave their task only as partial (person, label, category) counts, and a second
+    exchange moves those count rows by person (the salt and the final aggregate only add
+    broadcasts / a single row)."""
     _, df = frame
-    out = person_batches(df, "pid", "dest", CATS, 2, SALT, null_values=[])
+    out = person_batches(df, "pid", "dest", CATS, 2, SALT, label_columns=["pid", "dest", "flight"], null_values=[])
     plan = out._jdf.queryExecution().executedPlan().toString()
     assert plan.count("Exchange hashpartitioning") == 1, plan
+    plan = person_batches(df, "pid", "dest", CATS, 2, SALT, null_values=[])._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("Exchange hashpartitioning") == 2, plan
+    lines = plan.splitlines()
+    first = max(i for i, line in enumerate(lines) if "Exchange hashpartitioning" in line)  # the one nearest the scan
+    assert "partial_count" in lines[first + 1] and "_json" in lines[first + 1], plan
