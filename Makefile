@@ -15,7 +15,7 @@ export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 export PERSON_DP_DELTA_CLASSPATH := $(abspath $(CLASSPATH_FILE))
 
-.PHONY: demo test venv jars data clean dry-run dist spark-submit-demo
+.PHONY: demo test venv jars data clean dry-run dist spark-submit-demo bench-scale
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -59,6 +59,17 @@ dry-run: $(STAMP)
 
 test: $(STAMP) $(CLASSPATH_FILE)
 	$(BIN)/python -m pytest --durations=30 $(PYTEST_ARGS)
+
+# The scale benchmark of benchmarks/README.md ("Scale"), all of it: passes and whole job at 1e6
+# and 1e7 records (uniform and Zipf) with DuckDB, the driver-memory probe, then 1e8 records end to
+# end. Not part of `make test`. Writes ~8 GB of synthetic Parquet under build/scale-data once
+# (reused), and the report to build/scale-report.md; ~45 min on an idle 2-core machine.
+SCALE_REPORT := build/scale-report.md
+bench-scale: $(STAMP) $(CLASSPATH_FILE)
+	mkdir -p build && : > $(SCALE_REPORT)
+	$(BIN)/python -m benchmarks.scale.run --sizes 1e6,1e7 --repeats 3 --job --json build/scale.jsonl | tee -a $(SCALE_REPORT)
+	$(BIN)/python -m benchmarks.scale.run --sizes "" --memory-persons 1e5,1e6,1e7 --memory-records 1e7 | tee -a $(SCALE_REPORT)
+	$(BIN)/python -m benchmarks.scale.run --sizes 1e8 --skews uniform --passes "" --job --repeats 1 --no-duckdb | tee -a $(SCALE_REPORT)
 
 clean:
 	rm -rf build .pytest_cache

@@ -42,7 +42,8 @@ MAX_BINS_FROM_OFFSET = 2.0**40
 QUANT_BITS = 30
 QUANT_SCALE = float(2**QUANT_BITS)
 #: Person values and centres are clamped to [-VALUE_BOUND, VALUE_BOUND] before clipping, so that
-#: ``y - center`` cannot overflow (the Spark summarize pass clamps records to the same bound).
+#: ``y - center`` cannot overflow (person means from the Spark summarize pass are already within
+#: about +-3.17e29, :data:`dplib.summary.CLAMP`).
 VALUE_BOUND = 1e300
 
 

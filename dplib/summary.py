@@ -58,7 +58,8 @@ def limbs(values: np.ndarray) -> np.ndarray:
     base = x.astype(np.int64) - 53 + SHIFT  # floor(|v| 2**SHIFT) = m shifted left by base
     for i in range(LIMBS):
         off = base - LIMB_BITS * i
-        left = np.left_shift(m, np.clip(off, 0, 62))
+        # bits that survive the mask only (no int64 overflow in the shift)
+        left = np.left_shift(m & (_MASK >> np.clip(off, 0, LIMB_BITS)), np.clip(off, 0, LIMB_BITS))
         right = np.right_shift(m, np.clip(-off, 0, 63))
         limb = np.where(off >= 0, np.where(off < LIMB_BITS, left, 0), right) & _MASK
         out[:, i] = np.where(big, sign * limb, 0)

@@ -10,8 +10,8 @@ No Python UDF; the person id is dropped after hashing.
 
 Three physical plans compute the same rows (tested equal, and equal to the numpy twin):
 
-- ``"bottomk"`` (default): identical records (same person and label) are counted by a hash
-  aggregation, expanded to copies numbered ``j = 0, 1, ...``, the salted key is computed once
+- ``"bottomk"`` (default): records with the same person and label (interchangeable for the
+  batch, which reads only the category the label fixes) are counted by a hash aggregation, expanded to copies numbered ``j = 0, 1, ...``, the salted key is computed once
   per copy, and Spark's bounded aggregate ``min_by(category, (key, category), m)`` (Spark >= 4.2;
   a heap of at most m entries per person) keeps the m smallest keys. With the default label
   (the category alone) the count runs before the shuffle with map-side partial aggregation, as
@@ -84,6 +84,25 @@ def _labelled_records(df, unit_column, category_column, categories, salt_hex, la
     )
 
 
+#: Copies of one record are numbered in blocks of this size (no array above it, whatever the count).
+COPY_BLOCK = 65_536
+
+
+def number_copies(counted, keep):
+    """``(<keep>, _cnt)`` -> ``(<keep>, _j)``: each row repeated ``_cnt`` times with
+    ``_j = 0 .. _cnt - 1`` (long). Two levels of ``explode``, so no array holds more than
+    :data:`COPY_BLOCK` elements: a person with 10^9 identical records (a bot sending one value)
+    costs no oversized row, and Spark's array-size error, whose message would print the count,
+    cannot occur."""
+    from pyspark.sql import functions as F
+
+    cnt = F.col("_cnt").cast("long")
+    blocks = counted.select(*keep, cnt.alias("_cnt"), F.explode(F.sequence(F.lit(0).cast("long"), F.floor((cnt - 1) / COPY_BLOCK))).alias("_b"))
+    lo = F.col("_b") * COPY_BLOCK
+    hi = F.least(F.col("_cnt"), lo + COPY_BLOCK) - 1
+    return blocks.select(*keep, F.explode(F.sequence(lo, hi)).alias("_j"))
+
+
 def _label_columns(label_columns, category_column):
     """The columns whose JSON names a record: ``label_columns`` (default: the category column
     alone), with the category column always added."""
@@ -119,7 +138,7 @@ def _keyed_records(df, unit_column, category_column, categories, salt_hex, label
     records = _labelled_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values)
     # duplicates of (person, label) are identical records: number them 0..cnt-1
     numbered = records.groupBy("_pid", "_label", "_cat").agg(F.count(F.lit(1)).alias("_cnt"))
-    numbered = numbered.select("_pid", "_label", "_cat", F.explode(F.sequence(F.lit(0), F.col("_cnt") - 1)).alias("_j"))
+    numbered = number_copies(numbered, ["_pid", "_label", "_cat"])
     keyed = _with_record_key(numbered, salt_hex)
     key = F.col("_key")
     k1 = F.conv(F.substring(key, 1, KEY_HEX_DIGITS), 16, 10).cast("long")
@@ -228,7 +247,7 @@ def _bottom_k_batches(df, unit_column, category_column, categories, m, salt_hex,
         # label): a hash aggregation counts them inside the partition (no sort).
         counted = rec.groupBy("_pid", "_label", "_cat").agg(F.count(F.lit(1)).alias("_cnt"))
     # number identical records 0..cnt-1 (which copy gets which number is immaterial)
-    numbered = counted.select("_pid", "_label", "_cat", F.explode(F.sequence(F.lit(0), F.col("_cnt") - 1)).alias("_j"))
+    numbered = number_copies(counted, ["_pid", "_label", "_cat"])
     keyed = _with_record_key(numbered, salt_hex)
     order = F.struct(F.substring("_key", 1, 2 * KEY_HEX_DIGITS).alias("key"), F.col("_cat").alias("cat"))
     per = keyed.groupBy("_pid").agg(F.min_by("_cat", order, m).alias("_cats"))

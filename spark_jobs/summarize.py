@@ -23,8 +23,10 @@ Record rules (documented in README.md):
   64-bit integers (exact; Spark reduces them map-side like a plain ``sum``), then added high limb
   first in double. It depends only on the person's own values, never on partitioning or shuffle
   order, and :func:`dplib.summary.person_mean` is its numpy twin (bit for bit, tested). A limb
-  sum could overflow only beyond 2**32 records of one person (Spark's ANSI mode then fails the
-  job; it never wraps).
+  sum could overflow only beyond 2**32 records of one person: Spark's ANSI mode (the default of
+  Spark 4) then fails the job; with ANSI mode switched off the sum wraps, which is still
+  order-independent (no privacy effect) but gives that person a wrong mean. Cap such persons'
+  records (``max_records_per_person``).
 - record capping (``max_records_per_person = R``, off by default): a person with more than R
   records keeps R of them, drawn uniformly without replacement by the salted keyed-hash order of
   :mod:`dplib.distribution.batches` (record ``r`` of person ``p`` gets the key
@@ -115,20 +117,21 @@ def summarize(
     if cap is not None and not set(value_columns) <= set(labels):
         raise InvalidParameterError("label_columns must include every value column")
     uid = F.col(unit_column)
-    # Records without a valid id are grouped like any id and their group is dropped after the
-    # aggregation: the same rows as dropping them first, with the string test (trim + compare)
-    # run once per group instead of once per record.
     if cap is not None:
-        per_person = _capped_values(df, uid, value_columns, labels, derive_salt(salt_hex, CAP_SALT_TAG), cap)
-    else:
-        names = [f"_u{i}" for i in range(len(value_columns))]
-        rows = df.select(uid.cast("string").alias("_pid"), *[_usable(c).alias(n) for c, n in zip(value_columns, names)])
-        per_person = _limb_sums(rows, value_columns, names)
+        # invalid ids dropped first: their records never reach the keyed draw
+        records = df.where(_valid_id(uid, null_values))
+        per_person = _capped_values(records, uid, value_columns, labels, derive_salt(salt_hex, CAP_SALT_TAG), cap)
+        return _finish(per_person, df, value_columns, salt_hex, m_min, keep_id)
+    # Records without a valid id are grouped like any id and their group is dropped after the
+    # aggregation: the same persons as dropping the records first (validity is a function of the
+    # grouping key), with the string test (trim + compare) run once per group, not per record.
+    names = [f"_u{i}" for i in range(len(value_columns))]
+    rows = df.select(uid.cast("string").alias("_pid"), *[_usable(c).alias(n) for c, n in zip(value_columns, names)])
+    per_person = _limb_sums(rows, value_columns, names)
     # (Spark pushes a filter on a grouping key below the aggregation; tying the test to an
     # aggregate output keeps it above: every group has a count >= 0.)
     kept = F.when(F.col(f"_m_{value_columns[0]}") >= 0, _valid_id(F.col("_pid"), null_values)).otherwise(F.lit(False))
-    per_person = per_person.where(kept)
-    return _finish(per_person, df, value_columns, salt_hex, m_min, keep_id)
+    return _finish(per_person.where(kept), df, value_columns, salt_hex, m_min, keep_id)
 
 
 def _usable(c):
@@ -149,9 +152,10 @@ def _limb_sums(rows, value_columns, names):
 
     Limb ``i`` of a value ``u`` is ``sign(u) * (floor(|u| 2**(SHIFT - 31 i)) mod 2**31)``, computed
     in double arithmetic that is exact here: with ``y = u 2**(SHIFT - 31 i)`` (a power-of-two
-    scaling: exact, ``|u| <= CLAMP`` keeps it finite and ``|y| >= 2**-217`` or 0 keeps it normal),
+    scaling: exact for ``|y| >= 2**-1022``, ``|u| <= CLAMP`` keeps it finite; a subnormal ``y``
+    may round, but ``|y| < 1`` has limb 0 and rounding among subnormals never reaches 1),
     clamped to ``+-2**84`` (where the limb is 0 anyway: ``ulp(y) >= 2**32``),
-    ``k = trunc(y 2**-31)`` fits a long (``|k| < 2**53``), ``y - k 2**31`` is exact (both are
+    ``k = trunc(y 2**-31)`` fits a long (``|k| <= 2**53``), ``y - k 2**31`` is exact (both are
     multiples of ``ulp(y)`` and the difference is below ``2**31``) and its truncation toward zero
     is the signed limb. No ``log2``/``pow``/shifts, no branches: it stays generated code."""
     from pyspark.sql import functions as F
@@ -181,7 +185,7 @@ def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
     ``min_by`` and the limb sums run inside it."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.batches import KEY_HEX_DIGITS, _with_record_key
+    from spark_jobs.batches import KEY_HEX_DIGITS, _with_record_key, number_copies
 
     names = [f"_v{i}" for i in range(len(value_columns))]
     label = F.sha2(F.to_json(F.struct(*[F.col(c) for c in label_columns])), 256)
@@ -194,7 +198,7 @@ def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
     # reads, so copies hold the same values). A hash aggregation counts them inside the
     # partition (no sort; hash partitioning by person satisfies the (person, label) clustering).
     counted = rec.groupBy("_pid", "_label", "_rec").agg(F.count(F.lit(1)).alias("_cnt"))
-    numbered = counted.select("_pid", "_label", "_rec", F.explode(F.sequence(F.lit(0), F.col("_cnt") - 1)).alias("_j"))
+    numbered = number_copies(counted, ["_pid", "_label", "_rec"])
     keyed = _with_record_key(numbered, salt_hex, keep=("_rec",))
     order = F.struct(F.substring("_key", 1, 2 * KEY_HEX_DIGITS).alias("key"), F.col("_rec").alias("rec"))
     per = keyed.groupBy("_pid").agg(F.min_by("_rec", order, cap).alias("_kept"))

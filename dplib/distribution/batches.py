@@ -9,9 +9,11 @@ estimators see. Spec: ``../shared/specs/discrete_batches.md`` §1.1, §7.1-7.3, 
 Sampling rule (both backends; spec §7.1, §8 #10)
 ------------------------------------------------
 Each record gets a *label*: a string fixed by the record alone (Spark: the JSON of the record's
-columns; the caller chooses the columns, the job's default is the category column alone, which
-gives the same law of the count vector: records of one category are interchangeable for it). Records with the same person and label are numbered
-``j = 0, 1, ...`` (they are identical, so their order among themselves does not matter). The
+columns; the caller chooses the columns; the job's default is the category column alone).
+Records with the same person and label are numbered ``j = 0, 1, ...``; which of them gets which
+number does not matter, because the batch reads only their category, which the label fixes (with
+every column as the label they are identical records; with the category alone, records of one
+category, interchangeable for the count vector). The
 record's order key is ``SHA-256(salt || person || "\\x1f" || SHA-256(label) || ":" || j)`` with
 the run's secret 256-bit salt; the person keeps the ``m`` records of smallest key. The string
 hashed is unambiguous (the label hash has a fixed length, ``j`` is the trailing digits, the salt

@@ -192,3 +192,18 @@ def test_bottomk_plan_shuffles_the_records_once(spark, frame):
     lines = plan.splitlines()
     first = max(i for i, line in enumerate(lines) if "Exchange hashpartitioning" in line)  # the one nearest the scan
     assert "partial_count" in lines[first + 1] and "_json" in lines[first + 1], plan
+
+
+def test_copies_are_numbered_in_blocks(spark, monkeypatch):
+    """number_copies: each row repeated _cnt times with _j = 0.._cnt-1, across block edges
+    (blocks of 3 here), and the batches with small blocks equal the numpy twin's."""
+    import spark_jobs.batches as sb
+
+    monkeypatch.setattr(sb, "COPY_BLOCK", 3)
+    counted = spark.createDataFrame([(f"r{c}", c) for c in range(1, 11)], "name string, _cnt long")
+    got = sorted((r["name"], r["_j"]) for r in sb.number_copies(counted, ["name"]).collect())
+    assert got == sorted((f"r{c}", j) for c in range(1, 11) for j in range(c))
+    rows = [{"pid": f"p{i % 4}", "dest": ["JFK", "LAX", None][i % 3], "flight": 1} for i in range(40)]
+    df = spark.createDataFrame(rows, "pid string, dest string, flight int")
+    batches = sb.person_batches(df, "pid", "dest", CATS, 7, SALT, null_values=[]).collect()
+    assert sorted((int(r["_group"]), tuple(r["counts"])) for r in batches) == _twin_rows(rows, 7)
