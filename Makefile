@@ -65,9 +65,12 @@ test: $(STAMP) $(CLASSPATH_FILE)
 # end. Not part of `make test`. Writes ~8 GB of synthetic Parquet under build/scale-data once
 # (reused), and the report to build/scale-report.md; ~45 min on an idle 2-core machine.
 SCALE_REPORT := build/scale-report.md
+bench-scale: SHELL := /bin/bash
+bench-scale: .SHELLFLAGS := -o pipefail -c
 bench-scale: $(STAMP) $(CLASSPATH_FILE)
 	mkdir -p build && : > $(SCALE_REPORT)
 	$(BIN)/python -m benchmarks.scale.run --sizes 1e6,1e7 --repeats 3 --job --json build/scale.jsonl | tee -a $(SCALE_REPORT)
+	$(BIN)/python -m benchmarks.scale.run --sizes 1e6 --records-per-person 1000 --repeats 3 --job --json build/scale.jsonl | tee -a $(SCALE_REPORT)
 	$(BIN)/python -m benchmarks.scale.run --sizes "" --memory-persons 1e5,1e6,1e7 --memory-records 1e7 | tee -a $(SCALE_REPORT)
 	$(BIN)/python -m benchmarks.scale.run --sizes 1e8 --skews uniform --passes "" --job --repeats 1 --no-duckdb | tee -a $(SCALE_REPORT)
 

@@ -100,7 +100,7 @@ def summarize(
     Raises
     ------
     InvalidParameterError
-        Bad salt, ``max_records_per_person`` or ``label_columns``.
+        Bad salt, no value column, bad ``max_records_per_person`` or ``label_columns``.
 
     Returns
     -------
@@ -110,6 +110,8 @@ def summarize(
 
     if not is_salt(salt_hex):
         raise InvalidParameterError("salt must be 64 lowercase hex characters")
+    if not value_columns:
+        raise InvalidParameterError("value_columns must name at least one column")
     cap = _check_cap(max_records_per_person)
     if cap is not None and cap < m_min:
         raise InvalidParameterError(f"max_records_per_person ({cap}) is below m_min ({m_min}): no person could keep m_min records")

@@ -70,6 +70,14 @@ def test_huge_values_do_not_overflow(spark):
     assert sorted(got["x"]) == [-CLAMP, CLAMP]  # clamped per record: no sum can overflow
 
 
+def test_no_value_column_is_refused(spark):
+    from dplib.errors import InvalidParameterError
+
+    df = spark.createDataFrame([("a", 1.0)], "uid string, x double")
+    with pytest.raises(InvalidParameterError, match="value_columns"):
+        summarize(df, "uid", [], SALT)
+
+
 def test_no_python_udf_and_salt_not_in_plan(spark):
     df = spark.createDataFrame([("a", 1.0)], "uid string, x double")
     s = summarize(df, "uid", ["x"], SALT)
