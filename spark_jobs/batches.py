@@ -11,8 +11,8 @@ No Python UDF; the person id is dropped after hashing.
 Three physical plans compute the same rows (tested equal, and equal to the numpy twin):
 
 - ``"bottomk"`` (default): records with the same person and label (interchangeable for the
-  batch, which reads only the category the label fixes) are counted by a hash aggregation, expanded to copies numbered ``j = 0, 1, ...``, the salted key is computed once
-  per copy, and Spark's bounded aggregate ``min_by(category, (key, category), m)`` (Spark >= 4.2;
+  batch, which reads only the category the label fixes) are counted by a hash aggregation,
+  expanded to copies numbered ``j = 0, 1, ...``, the salted key is computed once per copy, and Spark's bounded aggregate ``min_by(category, (key, category), m)`` (Spark >= 4.2;
   a heap of at most m entries per person) keeps the m smallest keys. With the default label
   (the category alone) the count runs before the shuffle with map-side partial aggregation, as
   a plain ``groupBy(person, category).count()`` does, and a second, small exchange moves the
@@ -136,7 +136,7 @@ def _keyed_records(df, unit_column, category_column, categories, salt_hex, label
     from pyspark.sql import functions as F
 
     records = _labelled_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values)
-    # duplicates of (person, label) are identical records: number them 0..cnt-1
+    # records sharing (person, label) are interchangeable for the batch: number them 0..cnt-1
     numbered = records.groupBy("_pid", "_label", "_cat").agg(F.count(F.lit(1)).alias("_cnt"))
     numbered = number_copies(numbered, ["_pid", "_label", "_cat"])
     keyed = _with_record_key(numbered, salt_hex)
