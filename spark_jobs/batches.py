@@ -61,27 +61,34 @@ PLANS = ("bottomk", "collect", "window")
 BOTTOM_K_LIMIT = 100_000
 
 
-def _labelled_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values):
-    """Records -> (_pid, _cat, _label): one row per record with a valid person id, its category
-    index in the public list (OTHER = last) and the SHA-256 hex of its label."""
+def _checked_records(df, unit_column, category_column, categories, salt_hex, label_cols, null_values):
+    """Check the parameters and columns, then return ``(records, pid, cat)``: the records with a
+    valid person id, the ``_pid`` column (the id as a string) and the ``_cat`` column (category
+    index in the public list, OTHER = last). Shared by both ways of naming records."""
     from pyspark.sql import functions as F
 
     cats = check_categories(categories)
     if not is_salt(salt_hex):
         raise InvalidParameterError("salt must be 64 lowercase hex characters")
-    for c in [unit_column, category_column] + list(label_columns or []):
+    for c in [unit_column, category_column] + [c for c in label_cols if c != category_column]:
         if c not in df.columns:
             raise InvalidParameterError(f"column {c!r} not found in the records; they have {sorted(df.columns)}")
-    other = len(cats)
     # public category list -> index (a literal map; the list is public, so plans may show it)
     mapping = F.create_map(*[x for i, c in enumerate(cats) for x in (F.lit(c), F.lit(i))])
-    cat = F.coalesce(mapping[F.col(category_column).cast("string")], F.lit(other)).cast("int")
-    label_cols = _label_columns(label_columns, category_column)
-    label = F.sha2(F.to_json(F.struct(*[F.col(c) for c in label_cols])), 256)
+    cat = F.coalesce(mapping[F.col(category_column).cast("string")], F.lit(len(cats))).cast("int")
     uid = F.col(unit_column)
-    return df.where(_valid_id(uid, null_values)).select(
-        uid.cast("string").alias("_pid"), cat.alias("_cat"), label.alias("_label")
-    )
+    return df.where(_valid_id(uid, null_values)), uid.cast("string").alias("_pid"), cat.alias("_cat")
+
+
+def _labelled_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values):
+    """Records -> (_pid, _cat, _label): one row per record with a valid person id, its category
+    index in the public list (OTHER = last) and the SHA-256 hex of its label."""
+    from pyspark.sql import functions as F
+
+    label_cols = _label_columns(label_columns, category_column)
+    records, pid, cat = _checked_records(df, unit_column, category_column, categories, salt_hex, label_cols, null_values)
+    label = F.sha2(F.to_json(F.struct(*[F.col(c) for c in label_cols])), 256)
+    return records.select(pid, cat, label.alias("_label"))
 
 
 #: Copies of one record are numbered in blocks of this size (no array above it, whatever the count).
@@ -264,20 +271,11 @@ def _category_counts(df, unit_column, category_column, categories, salt_hex, nul
     :func:`_labelled_records` computes it per record), ``_cnt`` the person's records of it."""
     from pyspark.sql import functions as F
 
-    cats = check_categories(categories)
-    if not is_salt(salt_hex):
-        raise InvalidParameterError("salt must be 64 lowercase hex characters")
-    for c in (unit_column, category_column):
-        if c not in df.columns:
-            raise InvalidParameterError(f"column {c!r} not found in the records; they have {sorted(df.columns)}")
-    uid = F.col(unit_column)
-    mapping = F.create_map(*[x for i, c in enumerate(cats) for x in (F.lit(c), F.lit(i))])
-    cat = F.coalesce(mapping[F.col(category_column).cast("string")], F.lit(len(cats))).cast("int")
+    records, pid, cat = _checked_records(df, unit_column, category_column, categories, salt_hex, [category_column], null_values)
     # grouped by the JSON text itself (not the raw value: grouping normalises -0.0 and NaN of a
     # floating category column, the per-record path does not)
     counted = (
-        df.where(_valid_id(uid, null_values))
-        .select(uid.cast("string").alias("_pid"), F.to_json(F.struct(F.col(category_column))).alias("_json"), cat.alias("_cat"))
+        records.select(pid, F.to_json(F.struct(F.col(category_column))).alias("_json"), cat)
         .groupBy("_pid", "_json", "_cat")
         .agg(F.count(F.lit(1)).alias("_cnt"))
     )

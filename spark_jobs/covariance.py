@@ -74,18 +74,38 @@ def person_vectors(
     and the columns naming a record for it (:func:`spark_jobs.summarize.summarize`).
     Means are clamped to ``[-VALUE_BOUND, VALUE_BOUND]`` (1e100) as the numpy backend does.
     """
-    from pyspark.sql import functions as F
-
     from spark_jobs.summarize import summarize
 
     summ = summarize(records, unit_column, columns, salt_hex, m_min, null_values, keep_id=True,
                      max_records_per_person=max_records_per_person, label_columns=label_columns)
+    return vectors_from_summary(summ, columns)
+
+
+def vectors_from_summary(summary, columns: list[str]):
+    """:func:`person_vectors` from a summary already computed (and cached) by the job.
+
+    ``summary``: a :func:`spark_jobs.summarize.summarize` DataFrame made with ``keep_id=True``
+    over a superset of ``columns`` (each column's mean is a function of that column's records
+    and the record draw, so summarizing more columns at once gives the same means). One row per
+    person with every one of ``columns`` non-null (``m_min`` usable records), means clamped to
+    ``[-VALUE_BOUND, VALUE_BOUND]``.
+
+    Raises
+    ------
+    InvalidParameterError
+        The summary lacks ``_pid`` (made without ``keep_id``) or one of the columns.
+    """
+    from pyspark.sql import functions as F
+
+    missing = [c for c in ["_pid", *columns] if c not in summary.columns]
+    if missing:
+        raise InvalidParameterError(f"the summary lacks column(s) {missing} (summarize with keep_id=True over them)")
     cond = None
     for c in columns:
         ok = F.col(c).isNotNull()
         cond = ok if cond is None else cond & ok
     clamp = [F.least(F.greatest(F.col(c), F.lit(-VALUE_BOUND)), F.lit(VALUE_BOUND)).alias(c) for c in columns]
-    return summ.where(cond).select("_pid", *clamp)
+    return summary.where(cond).select("_pid", *clamp)
 
 
 class SparkPersonVectors:

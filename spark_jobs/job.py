@@ -392,22 +392,17 @@ def _distribution_row(
     )
 
 
-def _bhs_row(cfg, stat, plan: PersonBHSPlan, records, salt, noise, accountant, run_id, lineage, created, run_key=None):
-    """Person vectors (one cached Spark plan), n0, the BHS23 algorithm on Spark, one release row."""
-    from spark_jobs.covariance import SparkPersonVectors, person_vectors
+def _bhs_row(cfg, stat, plan: PersonBHSPlan, summary, salt, noise, accountant, run_id, lineage, created, run_key=None):
+    """Person vectors (read from the job's cached summary: no second pass over the records), n0,
+    the BHS23 algorithm on Spark, one release row."""
+    from spark_jobs.covariance import SparkPersonVectors, vectors_from_summary
 
     columns = list(stat.columns)
-    persons = person_vectors(
-        records, cfg.privacy_unit.column, columns, salt, cfg.summary.m_min, cfg.privacy_unit.null_values,
-        max_records_per_person=cfg.summary.max_records_per_person, label_columns=cfg.value_columns(),
-    ).persist()
-    try:
-        # each BHS23 statistic draws its own random order and reference set (a salt derived from the
-        # run's salt and the statistic's name), so two statistics of one run never share them
-        vectors = SparkPersonVectors(persons, columns, derive_salt(salt, stat.name))
-        out = private_person_statistic(vectors, plan, noise, accountant, f"{stat.name}: ")
-    finally:
-        persons.unpersist()
+    persons = vectors_from_summary(summary, columns)
+    # each BHS23 statistic draws its own random order and reference set (a salt derived from the
+    # run's salt and the statistic's name), so two statistics of one run never share them
+    vectors = SparkPersonVectors(persons, columns, derive_salt(salt, stat.name))
+    out = private_person_statistic(vectors, plan, noise, accountant, f"{stat.name}: ")
     log.debug("statistic %s: %d BHS23 data passes", stat.name, out.diagnostics.passes)
     rel = out.release
     d = len(columns)
@@ -537,10 +532,14 @@ def run_job(
         _crash_point("after_reserve")
 
     salt = new_salt()
+    # One summary for every mean and BHS23 statistic of the run (BHS23 orders persons by a key of
+    # their id, so the id is kept when one is planned).
+    keep_id = any(isinstance(p, PersonBHSPlan) for p in job_plan.plans.values())
     summary = (
         summarize(
             records, cfg.privacy_unit.column, columns, salt, cfg.summary.m_min, cfg.privacy_unit.null_values,
             max_records_per_person=cfg.summary.max_records_per_person, label_columns=cfg.value_columns(),
+            keep_id=keep_id,
         ).persist()
         if columns
         else None
@@ -555,7 +554,7 @@ def run_job(
             t1 = time.monotonic()
             plan = job_plan.plans[stat.name]
             if isinstance(plan, PersonBHSPlan):
-                rows.append(_bhs_row(cfg, stat, plan, records, salt, noise, accountant, run_id, lineage, created, run_key))
+                rows.append(_bhs_row(cfg, stat, plan, summary, salt, noise, accountant, run_id, lineage, created, run_key))
                 log.info("statistic %s: %s", stat.name, rows[-1].status)
                 continue
             if isinstance(plan, DistributionPlan):

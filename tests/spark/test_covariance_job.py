@@ -189,3 +189,43 @@ def test_gaussian_kind_releases_ok_and_equals_numpy(spark, gaussian_records, tmp
     assert row.epsilon == pytest.approx(1.0) and row.delta == pytest.approx(4e-4)
     table = read_delta(result.table_path, {"run_id": result.run_id}).to_pylist()
     assert [r["status"] for r in table] == ["OK"]
+
+
+def test_bhs_reads_the_jobs_one_summary(spark, records, tmp_path, monkeypatch):
+    """A run with a univariate mean over another column and a BHS23 covariance summarizes the
+    records once; the covariance's person vectors come from that shared summary and equal, bit for
+    bit, the numpy library on the persons' (u, v) means alone, even though the third column has
+    non-finite values in some records (dropped per column, so (u, v) means are unaffected)."""
+    from spark_jobs import summarize as summarize_mod
+    from spark_jobs.covariance import vectors_from_summary
+    from dplib.errors import InvalidParameterError
+
+    _, pdf = records
+    pdf = pdf.assign(w=np.where(np.arange(len(pdf)) % 5 == 0, np.nan, np.arange(len(pdf)) % 7 - 3.0))
+    path = tmp_path / "records_w.parquet"
+    pdf.to_parquet(path, index=False)
+    calls = []
+    real = summarize_mod.summarize
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("keep_id"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(summarize_mod, "summarize", spy)
+    monkeypatch.setattr(job_mod, "new_salt", lambda: SALT)
+    stats = [STATS[0], {"name": "w_mean", "kind": "mean", "columns": ["w"], "share": 0.1, "options": {"scale": 5.0}}]
+    cfg = make_config(str(path), tmp_path / "out", stats)
+    result = run_job(cfg, spark=spark, noise=SeededNoise(17), run_id="bhs-shared")
+    assert calls == [True]  # one pass over the records, keeping the id for BHS23's order
+    rows = {r.statistic: r for r in result.rows}
+    ids, x = person_means(pdf)
+    plan = statistic_plan(cfg, cfg.statistics[0])
+    want = private_person_statistic(NumpyPersonVectors(ids, x, derive_salt(SALT, "cov")), plan, SeededNoise(17), Accountant(plan.budget))
+    assert rows["cov"].status == want.release.status == "OK"
+    assert np.array_equal(np.array(rows["cov"].estimate), want.release.covariance.ravel())
+    assert json.loads(rows["cov"].parameters)["n0"] == want.n0
+    assert rows["w_mean"].status == "OK"
+    # a summary made without the id cannot feed BHS23: a clear error naming the column
+    summ = real(spark.read.parquet(str(path)), "pid", COLS, SALT)
+    with pytest.raises(InvalidParameterError, match="_pid"):
+        vectors_from_summary(summ, COLS)
