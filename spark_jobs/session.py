@@ -40,6 +40,31 @@ DEFAULT_CONF = {
 }
 
 
+#: HotSpot does not JIT-compile a method above 8,000 bytes of bytecode (``DontCompileHugeMethods``).
+#: The summarize pass at d = 8 generates an 11 KB per-person output method (72 limb sums and the
+#: means), which then runs interpreted: with one record per person (10^7 persons) the pass took
+#: 96-110 s instead of 38 s with this flag (benchmarks/README.md, "Scale"). Added to the executors'
+#: (and in local mode the driver's, which runs the tasks) JVM options unless the user's options
+#: already mention ``DontCompileHugeMethods``.
+JIT_OPTION = "-XX:-DontCompileHugeMethods"
+
+
+def with_jit_option(settings: dict[str, str], preset, submitted: bool) -> dict[str, str]:
+    """``settings`` plus :data:`JIT_OPTION` appended to ``spark.executor.extraJavaOptions`` (and,
+    when not under spark-submit, ``spark.driver.extraJavaOptions``: spark-submit's driver JVM is
+    already running). The existing value (``settings``, else spark-submit's ``preset``) is kept in
+    front; a value already naming ``DontCompileHugeMethods`` (either sign) is left alone."""
+    out = dict(settings)
+    keys = ["spark.executor.extraJavaOptions"] + ([] if submitted else ["spark.driver.extraJavaOptions"])
+    for key in keys:
+        current = out.get(key)
+        if current is None:
+            current = preset.get(key, "") if preset.contains(key) else ""
+        if "DontCompileHugeMethods" not in current:
+            out[key] = f"{current} {JIT_OPTION}".strip()
+    return out
+
+
 def _artifact(path: str) -> str:
     return _VERSION_SUFFIX.sub("", os.path.basename(path))
 
@@ -144,6 +169,7 @@ def build_session(
         # PATH, which may lack numpy/pyarrow); default it to this process's interpreter, the
         # project's environment. spark-submit's own settings are left alone.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    settings = with_jit_option(settings, preset, submitted)
     for k, v in settings.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()

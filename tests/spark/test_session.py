@@ -1,0 +1,71 @@
+"""The session's JVM options: the JIT flag that keeps summarize's wide per-person method compiled
+reaches the executor JVMs (local-cluster: real executor processes), and user options are kept."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from spark_jobs.session import JIT_OPTION, with_jit_option
+
+
+class _Preset:
+    """A stand-in for spark-submit's SparkConf (``get`` / ``contains``)."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def contains(self, key):
+        return key in self.values
+
+    def get(self, key, default=None):
+        return self.values.get(key, default)
+
+
+EXEC, DRIVER = "spark.executor.extraJavaOptions", "spark.driver.extraJavaOptions"
+
+
+def test_flag_added_to_executor_and_local_driver():
+    out = with_jit_option({"spark.sql.shuffle.partitions": "8"}, _Preset({}), submitted=False)
+    assert out[EXEC] == JIT_OPTION and out[DRIVER] == JIT_OPTION
+    assert out["spark.sql.shuffle.partitions"] == "8"
+
+
+def test_user_options_kept_in_front_and_explicit_choice_respected():
+    out = with_jit_option({EXEC: "-Dfoo=1 -Xss4m"}, _Preset({}), submitted=False)
+    assert out[EXEC] == f"-Dfoo=1 -Xss4m {JIT_OPTION}"
+    # the user's own choice (either sign) is not second-guessed
+    out = with_jit_option({EXEC: "-XX:+DontCompileHugeMethods"}, _Preset({}), submitted=False)
+    assert out[EXEC] == "-XX:+DontCompileHugeMethods"
+
+
+def test_under_spark_submit_its_conf_is_extended_and_the_driver_left_alone():
+    preset = _Preset({EXEC: "-Dbar=2", DRIVER: "-Dbaz=3"})
+    out = with_jit_option({}, preset, submitted=True)
+    assert out[EXEC] == f"-Dbar=2 {JIT_OPTION}"
+    assert DRIVER not in out  # spark-submit's driver JVM is already running
+
+
+@pytest.mark.spark
+def test_executor_jvms_run_with_the_flag(spark):
+    if not spark.sparkContext.master.startswith("local-cluster"):
+        pytest.skip("needs executor JVMs (local-cluster)")
+    assert JIT_OPTION in spark.sparkContext.getConf().get(EXEC).split()
+
+    # defined here so that it is shipped by value (executors cannot import a test module)
+    def _executor_jvm_cmdline(_):
+        """From a Python worker: the command line of the executor JVM above it in the process tree."""
+        pid = os.getppid()
+        for _ in range(6):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            if any(b"CoarseGrainedExecutorBackend" in c for c in cmd):
+                return [c.decode() for c in cmd]
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        return []
+
+    cmds = spark.sparkContext.parallelize(range(4), 4).map(_executor_jvm_cmdline).collect()
+    assert all(cmds), "no executor JVM found above the Python workers"
+    assert all(JIT_OPTION in c for c in cmds)
