@@ -49,19 +49,53 @@ DEFAULT_CONF = {
 JIT_OPTION = "-XX:-DontCompileHugeMethods"
 
 
-def with_jit_option(settings: dict[str, str], preset, submitted: bool) -> dict[str, str]:
+def spark_defaults_file() -> Path | None:
+    """The ``spark-defaults.conf`` a locally launched JVM reads (``$SPARK_CONF_DIR``, else the
+    Spark home's ``conf/``), or None."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if not conf_dir:
+        try:
+            from pyspark.find_spark_home import _find_spark_home
+
+            conf_dir = os.path.join(_find_spark_home(), "conf")
+        except Exception:  # no Spark home found: there is no defaults file either
+            return None
+    path = Path(conf_dir) / "spark-defaults.conf"
+    return path if path.is_file() else None
+
+
+def _defaults_keys(path: Path | None) -> set[str]:
+    """Keys set in a ``spark-defaults.conf`` (``key value`` or ``key=value`` lines)."""
+    if path is None:
+        return set()
+    keys = set()
+    for line in path.read_text(errors="replace").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keys.add(re.split(r"[\s=:]", line, maxsplit=1)[0])
+    return keys
+
+
+def with_jit_option(settings: dict[str, str], preset, submitted: bool, defaults_keys: set[str] = frozenset()) -> dict[str, str]:
     """``settings`` plus :data:`JIT_OPTION` appended to ``spark.executor.extraJavaOptions`` (and,
     when not under spark-submit, ``spark.driver.extraJavaOptions``: spark-submit's driver JVM is
     already running). The existing value (``settings``, else spark-submit's ``preset``) is kept in
-    front; a value already naming ``DontCompileHugeMethods`` (either sign) is left alone."""
+    front. Left alone: a key whose value, or whose ``defaultJavaOptions`` counterpart, already names
+    ``DontCompileHugeMethods`` (either sign), and a key set in ``spark-defaults.conf``
+    (``defaults_keys``) when launching locally, where a ``--conf`` would replace that file's value
+    rather than extend it (a warning says so)."""
     out = dict(settings)
     keys = ["spark.executor.extraJavaOptions"] + ([] if submitted else ["spark.driver.extraJavaOptions"])
     for key in keys:
-        current = out.get(key)
-        if current is None:
-            current = preset.get(key, "") if preset.contains(key) else ""
-        if "DontCompileHugeMethods" not in current:
-            out[key] = f"{current} {JIT_OPTION}".strip()
+        default_key = key.replace("extraJavaOptions", "defaultJavaOptions")
+        named = [out.get(k) if k in out else (preset.get(k, "") if preset.contains(k) else "") for k in (key, default_key)]
+        if any("DontCompileHugeMethods" in (v or "") for v in named):
+            continue
+        if key not in out and not preset.contains(key) and key in defaults_keys:
+            log.warning("%s is set in spark-defaults.conf; not adding %s to it (add it there for the "
+                        "JIT to compile the summarize pass's wide methods)", key, JIT_OPTION)
+            continue
+        out[key] = f"{named[0] or ''} {JIT_OPTION}".strip()
     return out
 
 
@@ -169,7 +203,7 @@ def build_session(
         # PATH, which may lack numpy/pyarrow); default it to this process's interpreter, the
         # project's environment. spark-submit's own settings are left alone.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    settings = with_jit_option(settings, preset, submitted)
+    settings = with_jit_option(settings, preset, submitted, set() if submitted else _defaults_keys(spark_defaults_file()))
     for k, v in settings.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()

@@ -229,3 +229,32 @@ def test_bhs_reads_the_jobs_one_summary(spark, records, tmp_path, monkeypatch):
     summ = real(spark.read.parquet(str(path)), "pid", COLS, SALT)
     with pytest.raises(InvalidParameterError, match="_pid"):
         vectors_from_summary(summ, COLS)
+
+
+def test_capped_vectors_from_a_wider_summary_equal_a_summary_of_their_own(spark, records, tmp_path):
+    """With record capping (max_records_per_person = 1 of each person's 2 records), person vectors
+    read from a summary over more columns (as the job now computes it) equal, bit for bit, those of
+    a summary over the statistic's columns alone (the former path): the draw of kept records
+    depends on the label columns (all value columns in both), not on which columns are summed."""
+    from spark_jobs.covariance import person_vectors, vectors_from_summary
+    from spark_jobs.summarize import summarize
+
+    _, pdf = records
+    pdf = pdf.assign(w=np.where(np.arange(len(pdf)) % 3 == 0, np.nan, np.arange(len(pdf)) % 11 * 0.5))
+    path = tmp_path / "records_w.parquet"
+    pdf.to_parquet(path, index=False)
+    df = spark.read.parquet(str(path))
+    labels = ["u", "v", "w"]
+    wide = summarize(df, "pid", ["w", "u", "v"], SALT, 1, ("NA", ""), keep_id=True, max_records_per_person=1, label_columns=labels)
+    got = vectors_from_summary(wide, COLS).toPandas().sort_values("_pid").reset_index(drop=True)
+    own = person_vectors(df, "pid", COLS, SALT, 1, ("NA", ""), max_records_per_person=1, label_columns=labels)
+    want = own.toPandas().sort_values("_pid").reset_index(drop=True)
+    assert len(got) == N_PERSONS
+    assert got["_pid"].tolist() == want["_pid"].tolist()
+    assert np.array_equal(got[COLS].to_numpy(), want[COLS].to_numpy())
+    # capped: each vector is one of the person's two records, not their mean
+    first = pdf.groupby("pid", sort=True)[COLS].first().loc[got["_pid"]].to_numpy()
+    last = pdf.groupby("pid", sort=True)[COLS].last().loc[got["_pid"]].to_numpy()
+    is_first = np.all(got[COLS].to_numpy() == first, axis=1)
+    assert np.all(is_first | np.all(got[COLS].to_numpy() == last, axis=1))
+    assert 0.45 < is_first.mean() < 0.55  # a fair draw between the two (12,000 persons: sd 0.005)

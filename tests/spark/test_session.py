@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from spark_jobs.session import JIT_OPTION, with_jit_option
+from spark_jobs.session import JIT_OPTION, _defaults_keys, with_jit_option
 
 
 class _Preset:
@@ -45,6 +45,26 @@ def test_under_spark_submit_its_conf_is_extended_and_the_driver_left_alone():
     out = with_jit_option({}, preset, submitted=True)
     assert out[EXEC] == f"-Dbar=2 {JIT_OPTION}"
     assert DRIVER not in out  # spark-submit's driver JVM is already running
+
+
+def test_default_java_options_naming_the_flag_are_respected():
+    preset = _Preset({"spark.executor.defaultJavaOptions": "-XX:+DontCompileHugeMethods"})
+    out = with_jit_option({}, preset, submitted=True)
+    assert "spark.executor.extraJavaOptions" not in out
+    out = with_jit_option({"spark.driver.defaultJavaOptions": "-XX:+DontCompileHugeMethods"}, _Preset({}), submitted=False)
+    assert out[EXEC] == JIT_OPTION and DRIVER not in out
+
+
+def test_local_launch_leaves_keys_of_spark_defaults_conf_alone(tmp_path, caplog):
+    conf = tmp_path / "spark-defaults.conf"
+    conf.write_text("# comment\nspark.executor.extraJavaOptions   -Dfrom.file=1\nspark.eventLog.enabled=true\n")
+    keys = _defaults_keys(conf)
+    assert keys == {"spark.executor.extraJavaOptions", "spark.eventLog.enabled"}
+    out = with_jit_option({}, _Preset({}), submitted=False, defaults_keys=keys)
+    # a --conf would replace the file's value rather than extend it: left alone, with a warning
+    assert EXEC not in out and out[DRIVER] == JIT_OPTION
+    assert "spark-defaults.conf" in caplog.text
+    assert _defaults_keys(None) == set()
 
 
 @pytest.mark.spark
