@@ -164,7 +164,16 @@ class SparkPersonVectors:
         key = F.substring(F.sha2(F.concat(F.col("_salt"), F.lit(ORDER_TAG), F.col("_key_src")), 256), 1, ORDER_HEX_CHARS)
         rows = rows.select(key.alias("_key"), *xs)
         ranked = _ranked(rows.orderBy("_key", *xs), xs)
-        n0 = int(n0)
+        try:
+            pairs = self._pairs(ranked, int(n0), xs)
+        finally:
+            ranked.unpersist()  # after the pairs are cached (or on failure: nothing stays cached)
+        return SparkCovarianceBackend(pairs, int(n0), self.d, self._salt)
+
+    def _pairs(self, ranked, n0: int, xs: list[str]):
+        """The cached pair rows of the first ``n0`` ranked rows (unpersisted again on failure)."""
+        from pyspark.sql import functions as F
+
         kept = ranked.where(F.col("_pos") < n0)
         a = kept.where(F.col("_pos") % 2 == 0).select(
             (F.col("_pos") / 2).cast("long").alias("pair"), *[F.col(x).alias(f"a{j}") for j, x in enumerate(xs)]
@@ -176,18 +185,27 @@ class SparkPersonVectors:
             "pair", *[f"a{j}" for j in range(self.d)], *[F.coalesce(F.col(f"b{j}"), F.lit(0.0)).alias(f"b{j}") for j in range(self.d)]
         )
         pairs = pairs.persist()
-        pairs.count()
-        ranked.unpersist()
-        return SparkCovarianceBackend(pairs, n0, self.d, self._salt)
+        try:
+            pairs.count()
+        except BaseException:
+            pairs.unpersist()
+            raise
+        return pairs
 
 
 def _ranked(sorted_df, xs: list[str]):
     """``sorted_df`` (globally sorted) with ``_pos`` = its global rank, from per-partition counts
     of the cached sorted table (a small collect of one count per partition)."""
+    cached = sorted_df.persist()
+    try:
+        return _with_positions(cached, xs)
+    finally:
+        cached.unpersist()  # after the result is cached (or on failure: nothing stays cached)
+
+
+def _with_positions(cached, xs: list[str]):
     import pyarrow as pa
     from pyspark import TaskContext
-
-    cached = sorted_df.persist()
 
     def count_rows(batches):
         pid = TaskContext.get().partitionId()
@@ -209,8 +227,11 @@ def _ranked(sorted_df, xs: list[str]):
 
     schema = ", ".join(["_key string", *[f"{x} double" for x in xs], "_pos long"])
     out = cached.mapInArrow(add_pos, schema).persist()
-    out.count()
-    cached.unpersist()
+    try:
+        out.count()
+    except BaseException:
+        out.unpersist()
+        raise
     return out
 
 

@@ -128,3 +128,20 @@ def test_selection_order_and_padding_match_numpy(spark):
     keys = [int(hashlib.sha256((SALT + ":bhs23-order:p:" + i).encode()).hexdigest()[:32], 16) for i in ids]
     first = np.argsort(keys, kind="stable")[:211]
     assert np.array_equal(select_rows(ids, x, SALT, 211, dummy), x[first])
+
+
+def test_a_failing_selection_leaves_nothing_cached(spark):
+    """A Spark failure while the n0 rows are ranked (here a value that raises when evaluated)
+    propagates and leaves no DataFrame cached behind it."""
+    from pyspark.errors import PySparkException
+    from pyspark.sql import functions as F
+
+    x = np.random.default_rng(4).standard_normal((50, D))
+    _, sp_src, _ = _sources(spark, x)
+    bad = sp_src._df.withColumn("c0", F.when(F.col("_pid") == "u5", F.raise_error(F.lit("bad value"))).otherwise(F.col("c0")))
+    src = SparkPersonVectors(bad, [f"c{j}" for j in range(D)], SALT)
+    spark.catalog.clearCache()
+    cache = spark._jsparkSession.sharedState().cacheManager()
+    with pytest.raises(PySparkException, match="bad value"):
+        src.backend(40, np.zeros(D), 50)
+    assert cache.isEmpty()
