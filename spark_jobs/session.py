@@ -43,7 +43,8 @@ DEFAULT_CONF = {
 #: HotSpot does not JIT-compile a method above 8,000 bytes of bytecode (``DontCompileHugeMethods``).
 #: The summarize pass at d = 8 generates an 11 KB per-person output method (72 limb sums and the
 #: means), which then runs interpreted: with one record per person (10^7 persons) the pass took
-#: 96-110 s instead of 38 s with this flag (benchmarks/README.md, "Scale"). Added to the executors'
+#: 96 s in `make bench-scale` and 30 s with this flag (benchmarks/README.md, "Scale", re-check
+#: table). Added to the executors'
 #: (and in local mode the driver's, which runs the tasks) JVM options unless the user's options
 #: already mention ``DontCompileHugeMethods``.
 JIT_OPTION = "-XX:-DontCompileHugeMethods"
