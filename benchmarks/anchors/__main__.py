@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.anchors.run import main
+
+sys.exit(main())
