@@ -40,6 +40,8 @@ from dplib.mechanisms import NoiseSource, inflate, laplace_mechanism
 
 #: Smallest n0 ever used (n0 = 0 would leave nothing to estimate from; padding fills the rest).
 N_MIN = 1
+#: Largest n0 (and the clamp of the noisy count): fits an int64.
+N_MAX = 2**62
 
 
 def _check_beta(beta: float) -> float:
@@ -63,23 +65,26 @@ def lower_bound(noisy_count: float, laplace_scale: float, beta: float, n_min: in
 
     Returns
     -------
-    int
-        Post-processing of the noisy count: as private as it.
+    int in ``[n_min, 2**62]``
+        Post-processing of the noisy count: as private as it. The map is total: the noisy count
+        is first clamped to ``+-2**62`` (NaN to ``-2**62``), so an extreme DP output gives
+        ``n_min`` or ``2**62``, never an error.
 
     Raises
     ------
     InvalidParameterError
-        Non-finite count, scale <= 0, beta outside (0, 0.5), n_min < 1.
+        A count that is not a real number, scale <= 0, beta outside (0, 0.5), n_min < 1.
     """
     beta = _check_beta(beta)
-    if not (isinstance(noisy_count, (int, float)) and math.isfinite(noisy_count)):
-        raise InvalidParameterError(f"noisy_count must be finite, got {noisy_count!r}")
+    if isinstance(noisy_count, bool) or not isinstance(noisy_count, (int, float, np.floating, np.integer)):
+        raise InvalidParameterError(f"noisy_count must be a real number, got {noisy_count!r}")
+    noisy_count = float(np.clip(np.nan_to_num(float(noisy_count), nan=-N_MAX, posinf=N_MAX, neginf=-N_MAX), -N_MAX, N_MAX))
     if not (isinstance(laplace_scale, (int, float)) and math.isfinite(laplace_scale) and laplace_scale > 0):
         raise InvalidParameterError(f"laplace_scale must be finite and > 0, got {laplace_scale!r}")
     if isinstance(n_min, bool) or not isinstance(n_min, int) or n_min < 1:
         raise InvalidParameterError(f"n_min must be an integer >= 1, got {n_min!r}")
     bound = math.floor(float(noisy_count) - float(laplace_scale) * math.log(1.0 / (2.0 * beta)))
-    return int(max(n_min, min(bound, 2**62)))
+    return int(max(n_min, min(bound, N_MAX)))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ Python API::
     for row in result.rows: print(row.statistic, row.estimate, row.error_bar)
 
 Order of work (verify, then charge, then release): validate the config and its whole privacy
-plan against the budget -> read and validate the input schema -> summarize (one Spark pass,
+plan against the budget -> build the mechanisms whose parameters are public (e.g. P3's OpenDP
+noisy-max) -> read and validate the input schema -> reserve the budget -> summarize (one Spark pass,
 cached) -> per statistic: charge each stage to the accountant, then draw its noise -> write
 all release rows in one Delta commit. A failure before the commit writes nothing.
 """
@@ -242,6 +243,21 @@ class JobPlan:
         return "\n".join(lines)
 
 
+def prepare_mechanisms(job_plan: JobPlan, noise: NoiseSource) -> dict[str, dict]:
+    """Build every mechanism whose parameters are public, per statistic: what a plan's
+    ``prepare(noise)`` returns (plans without one need nothing built ahead). :func:`run_job`
+    calls this before the ledger reservation, so a mechanism that cannot be built with this
+    noise source (e.g. an OpenDP constructor refusing its domain) fails before any budget is
+    spent. Reads no data.
+
+    Raises
+    ------
+    InvalidParameterError
+        A mechanism cannot be built (the message names it).
+    """
+    return {name: p.prepare(noise) for name, p in job_plan.plans.items() if hasattr(p, "prepare")}
+
+
 def plan_job(cfg: JobConfig) -> JobPlan:
     """Build and check the privacy plan from the config alone (reads no data).
 
@@ -356,9 +372,11 @@ def _row(cfg, stat, run_id, lineage, created, noise, rel, *, estimand, algorithm
 
 
 def _distribution_row(
-    cfg, stat, plan: DistributionPlan, records, salt, noise, accountant, run_id, lineage, created, run_key=None
+    cfg, stat, plan: DistributionPlan, records, salt, noise, accountant, run_id, lineage, created, run_key=None,
+    prepared=None,
 ) -> ReleaseRow:
-    """Batches of one categorical column (one Spark plan, cached), the private estimator, one row."""
+    """Batches of one categorical column (one Spark plan, cached), the private estimator, one row.
+    ``prepared``: ``plan.prepare(noise)``, built before the run's reservation."""
     from spark_jobs.batches import person_batches
     from spark_jobs.fixed_n import SparkFixedNBatches
 
@@ -375,7 +393,7 @@ def _distribution_row(
     ).persist()
     try:
         backend = SparkFixedNBatches(batches, plan.k, plan.m)
-        rel = private_distribution(backend, plan, noise, accountant, f"{stat.name}: ")
+        rel = private_distribution(backend, plan, noise, accountant, f"{stat.name}: ", prepared)
     finally:
         batches.unpersist()
     return _row(
@@ -470,6 +488,9 @@ def run_job(
     ConfigError, InputDataError, BudgetExceededError
         Before any noise is drawn or anything is written (a budget refusal gives the
         population's limit, spent and requested budget).
+    InvalidParameterError
+        Before the reservation, when a mechanism with public parameters cannot be built
+        (:func:`prepare_mechanisms`).
 
     Privacy
     -------
@@ -487,6 +508,7 @@ def run_job(
     t0 = time.monotonic()
     job_plan = plan_job(cfg)
     noise = noise if noise is not None else production_noise()
+    prepared = prepare_mechanisms(job_plan, noise)  # public parameters only: before any reservation
     keyed = run_id is not None
     run_key = run_id  # the caller's key (e.g. Airflow's run id): public, kept in the release
     run_id = cfg.run_id_for(run_id) if keyed else str(uuid.uuid4())
@@ -560,7 +582,8 @@ def run_job(
             if isinstance(plan, DistributionPlan):
                 rows.append(
                     _distribution_row(
-                        cfg, stat, plan, records, salt, noise, accountant, run_id, lineage, created, run_key
+                        cfg, stat, plan, records, salt, noise, accountant, run_id, lineage, created, run_key,
+                        prepared.get(stat.name),
                     )
                 )
                 log.info("statistic %s: %s", stat.name, rows[-1].status)

@@ -25,9 +25,17 @@ with the gap in batch units. Then ``S0 <= S_up <= S0 + g``, so ``S_up`` has sens
 including 0, where the neighbourhood is the point itself); the exponential
 mechanism at ``epsilon / (2 (1 + g))`` per unit is epsilon-DP (McSherry-Talwar). It is sampled
 exactly by report-noisy-max with Gumbel noise (OpenDP ``make_noisy_max`` on a secure source,
-:func:`dplib.mean.pure_reference.sample_exponential_mechanism`). A solver failure, or a bracket
-wider than g, aborts the release (:class:`~dplib.distribution.robust.SolverError`); it is never
-mapped to a score (spec §3.7, §8 #4).
+:class:`dplib.mechanisms.exponential.ExponentialMechanism`), which :func:`p3_mechanism` builds
+from public inputs before any charge. A solver failure, or a bracket wider than g, aborts the
+release (:class:`~dplib.distribution.robust.SolverError`); it is never mapped to a score (spec
+§3.7, §8 #4).
+
+The number of persons scored is ``n = min(n0, MAX_PERSONS)``: a fixed total map of the DP
+output n0 (post-processing). The certified bracket's width in batch units grows like ``n``
+(about 1.2e-7 n at k = 3: the solver's relative accuracy), so above ~8e4 persons no grid point
+can be certified within g and every run would abort after its charges; with the cap the
+mechanism is the same one on the ``n`` persons of smallest keyed-hash rank (conditioned on
+``n``, add/remove is still one substitution, :mod:`dplib.fixed_n`).
 
 The closeness radius r is separate from the grid and from the accuracy target ``alpha`` (which
 sets ``G = ceil(2k/alpha)`` and ``eta_priv``). The spec's r = alpha (the paper's closeness
@@ -49,9 +57,7 @@ import numpy as np
 from dplib.distribution.frc import FRC, tau_cov
 from dplib.distribution.private import P3_DEFAULT_CLOSENESS_RADIUS
 from dplib.errors import InvalidParameterError
-from dplib.mechanisms.basic import inflate
-from dplib.mean.pure_reference import exponential_mechanism_probabilities, sample_exponential_mechanism
-from dplib.mechanisms import NoiseSource
+from dplib.mechanisms import ExponentialMechanism, NoiseSource, exponential_mechanism_probabilities, inflate
 
 #: Largest k P3 accepts (spec §3.7: feasible for k <= 4-5).
 MAX_K = 5
@@ -64,6 +70,11 @@ ETA_PRIV_MAX = 0.05
 ETA_PRIV_CONSTANT = 1.5
 #: Default closeness radius (l1) of the neighbourhood minimum (defined beside the plan).
 DEFAULT_CLOSENESS_RADIUS = P3_DEFAULT_CLOSENESS_RADIUS
+#: Largest number of persons P3 scores (``n = min(n0, MAX_PERSONS)``, public). The certified
+#: bracket's width in batch units is about 1.2e-7 n (k = 3, m = 10; measured up to n = 5e4), so
+#: g = 0.01 fails for every grid point from ~8e4 persons on; 2e4 keeps a 4x margin. Far below
+#: the cap P3's error is floored by the grid step 1/G, not by the persons scored.
+MAX_PERSONS = 20_000
 
 
 def grid_resolution(k: int, alpha: float) -> int:
@@ -215,10 +226,31 @@ def p3_probabilities(alpha_scores: np.ndarray, epsilon: float, gap: float = SAND
     return exponential_mechanism_probabilities(-np.asarray(alpha_scores), epsilon, sensitivity=inflate(1.0 + gap))
 
 
+def p3_exponential_mechanism(epsilon: float, noise: NoiseSource, gap: float = SANDWICH_GAP) -> ExponentialMechanism:
+    """P3's exponential mechanism at ``epsilon`` with sensitivity ``(1 + g)(1 + 2^-20)``, from
+    public inputs only (build it before any charge; OpenDP ``make_noisy_max`` on a secure
+    source). It is sampled with ``-S_r`` (float scores: the lowest score is the likeliest).
+
+    Raises
+    ------
+    InvalidParameterError
+        Bad epsilon or gap, or a noise source that is neither secure nor seeded.
+    """
+    return ExponentialMechanism(epsilon, noise, sensitivity=inflate(1.0 + gap), integer_scores=False)
+
+
+def p3_mechanism(plan, noise: NoiseSource) -> ExponentialMechanism:
+    """:func:`p3_exponential_mechanism` at the plan's mechanism budget and :data:`SANDWICH_GAP`
+    (what :func:`p3_release` draws with); a pure function of the public plan."""
+    from dplib.distribution.private import STAGE_P3
+
+    return p3_exponential_mechanism(plan.stage_budgets[STAGE_P3].epsilon, noise, SANDWICH_GAP)
+
+
 def p3_sample(alpha_scores: np.ndarray, epsilon: float, noise: NoiseSource, gap: float = SANDWICH_GAP) -> int:
     """Draw a grid index from :func:`p3_probabilities` by Gumbel report-noisy-max (OpenDP
     ``make_noisy_max`` on a secure noise source; seeded Gumbel in tests)."""
-    return sample_exponential_mechanism(-np.asarray(alpha_scores), epsilon, noise, sensitivity=inflate(1.0 + gap))
+    return p3_exponential_mechanism(epsilon, noise, gap).sample(-np.asarray(alpha_scores, dtype=np.float64))
 
 
 @dataclass(frozen=True)
@@ -289,10 +321,11 @@ def p3_histogram(backend, plan, noise: NoiseSource, charge) -> tuple[dict, int, 
 
     ``p3_n_mode = "dp_lower_bound"``: charge the count, release ``n0``
     (:func:`dplib.fixed_n.release_lower_bound`, l1 sensitivity 1, ``plan``'s count share of
-    epsilon); charge the mechanism; the histogram of the ``n0`` persons of smallest keyed-hash
-    rank (``ranked_histogram``), padded with :func:`dummy_batch` to ``n0``
-    (:func:`dplib.fixed_n.pad_histogram`). ``public_as_in_paper``: charge the mechanism; every
-    person of the group, ``n`` = their number (benchmarks only).
+    epsilon); ``n = min(n0, MAX_PERSONS)`` (post-processing); charge the mechanism; the
+    histogram of the ``n`` persons of smallest keyed-hash rank (``ranked_histogram``), padded
+    with :func:`dummy_batch` to ``n`` (:func:`dplib.fixed_n.pad_histogram`).
+    ``public_as_in_paper``: charge the mechanism; every person of the group, ``n`` = their
+    number (benchmarks only).
 
     Returns
     -------
@@ -317,20 +350,23 @@ def p3_histogram(backend, plan, noise: NoiseSource, charge) -> tuple[dict, int, 
     n_exact, _ = backend.sums(group)
     fixed = release_lower_bound(n_exact, plan.stage_budgets[STAGE_COUNT].epsilon, plan.beta, noise)
     del n_exact
-    n = fixed.n0
-    params.update({"n0": n, "noisy_person_count": round(fixed.noisy_count, 1), "count_laplace_scale": fixed.laplace_scale})
+    n = min(fixed.n0, MAX_PERSONS)  # post-processing of n0: a fixed, total map into [1, MAX_PERSONS]
+    params.update({"n0": fixed.n0, "persons_scored": n, "persons_scored_cap": MAX_PERSONS,
+                   "noisy_person_count": round(fixed.noisy_count, 1), "count_laplace_scale": fixed.laplace_scale})
     charge(STAGE_P3)
     return pad_histogram(backend.ranked_histogram(group, n), n, dummy_batch(k, m)), n, params
 
 
-def p3_release(backend, plan, noise: NoiseSource, charge) -> tuple[np.ndarray, dict]:
+def p3_release(backend, plan, noise: NoiseSource, charge,
+               mechanism: ExponentialMechanism | None = None) -> tuple[np.ndarray, dict]:
     """Run P3 for :func:`dplib.distribution.private.private_distribution` (which validates the
     backend and the whole plan against the accountant first). ``charge(stage)`` records a
-    stage's charge before it reads any data.
+    stage's charge before it reads any data. ``mechanism``: :func:`p3_mechanism` of the plan,
+    built before the run's reservation (built here, before the first charge, when None).
 
-    Steps: :func:`p3_histogram` (``n0``, selection, padding; or n public in the benchmark mode);
-    certified scores with ``tau_cov`` at ``n``; their minimum over the public closeness
-    neighbourhood (none by default); one exponential-mechanism draw.
+    Steps: :func:`p3_histogram` (``n0``, ``n = min(n0, MAX_PERSONS)``, selection, padding; or n
+    public in the benchmark mode); certified scores with ``tau_cov`` at ``n``; their minimum
+    over the public closeness neighbourhood (none by default); one exponential-mechanism draw.
 
     Returns
     -------
@@ -338,23 +374,31 @@ def p3_release(backend, plan, noise: NoiseSource, charge) -> tuple[np.ndarray, d
 
     Raises
     ------
+    InvalidParameterError
+        A prepared ``mechanism`` that is not the plan's (before any charge).
     SolverError
         Certification failed for some grid point: abort after the charges, nothing released.
 
     Privacy
     -------
-    Add/remove one person: ``(epsilon_count + epsilon_em, 0)``. Conditioned on ``n0`` the
+    Add/remove one person: ``(epsilon_count + epsilon_em, 0)``. Conditioned on ``n`` the
     selected multiset changes by one substitution (:mod:`dplib.fixed_n`), and the mechanism is
     epsilon_em-DP under substitution with n fixed (module docstring, spec §0.0, §3.7).
     """
     from dplib.distribution.private import STAGE_P3
 
+    if mechanism is None:
+        mechanism = p3_mechanism(plan, noise)
+    elif (mechanism.epsilon, mechanism.sensitivity, mechanism.noise) != (
+        plan.stage_budgets[STAGE_P3].epsilon, inflate(1.0 + SANDWICH_GAP), noise
+    ):
+        raise InvalidParameterError("the prepared P3 mechanism does not match the plan's budget, gap or noise source")
     hist, n, params = p3_histogram(backend, plan, noise, charge)
     setup = p3_setup(plan.k, plan.m, n, plan.alpha, plan.grid_resolution, plan.eta, plan.omega, plan.beta,
-                     closeness_radius=plan.closeness_radius)
+                     gap=SANDWICH_GAP, closeness_radius=plan.closeness_radius)
     scores = p3_scores(hist, plan.m, setup.G, setup.closeness_radius, setup.tau, setup.gap)
     del hist
-    index = p3_sample(scores.alpha_scores, plan.stage_budgets[STAGE_P3].epsilon, noise, setup.gap)
+    index = mechanism.sample(-scores.alpha_scores)
     estimate = scores.grid[index].astype(np.float64) / setup.G
     del scores
     params.update(setup.describe())

@@ -68,7 +68,7 @@ from dplib.distribution.batches import (
 )
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
-from dplib.mechanisms import NoiseSource, clamp_exact, gaussian_sigma, inflate, laplace_mechanism
+from dplib.mechanisms import EXACT_BOUND, NoiseSource, clamp_exact, gaussian_sigma, inflate, laplace_mechanism
 
 #: The analytic-Gaussian calibration (dp_accounting, ~0.1 s) is a pure function of public
 #: values: cache it.
@@ -106,6 +106,9 @@ CENTER_FRACTION = 0.25
 CENTER_EPSILON_SHARE = 0.25
 #: Constant of the P2 radius (spec §5: rho_2 = 3 / sqrt(m) + r_c).
 P2_RADIUS_CONSTANT = 3.0
+#: Bound (persons units) on each coordinate summed into a DP person count (post-processing; any
+#: real count is far below it, and up to 10^8 clamped coordinates cannot overflow a float).
+COUNT_BOUND = 1e300
 
 STAGE_POOLED = "pooled laplace"
 STAGE_CENTER = "centre (pooled laplace)"
@@ -115,30 +118,55 @@ STAGE_COUNT = "person count (n0)"
 STAGE_P3 = "P3 exponential mechanism"
 
 
+def _floored_count(noisy_count: float) -> float:
+    """A DP person count as a denominator: clamped into ``[1, COUNT_BOUND]`` (NaN to 1), a
+    fixed total map (post-processing)."""
+    return float(np.clip(np.nan_to_num(float(noisy_count), nan=1.0, posinf=COUNT_BOUND, neginf=1.0), 1.0, COUNT_BOUND))
+
+
+def _bounded(values: np.ndarray) -> np.ndarray:
+    """DP values clamped into ``[-COUNT_BOUND, COUNT_BOUND]`` (NaN to 0; post-processing)."""
+    v = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0, posinf=COUNT_BOUND, neginf=-COUNT_BOUND)
+    return np.clip(v, -COUNT_BOUND, COUNT_BOUND)
+
+
 def project_to_simplex(values: np.ndarray) -> np.ndarray:
     """l1-nearest point of the probability simplex: ``max(v, 0) / sum(max(v, 0))``.
 
     Parameters
     ----------
     values : ndarray (k,)
-        Any finite vector (e.g. a noisy sum of per-person distributions; the map is scale-free).
+        Any float vector (e.g. a noisy sum of per-person distributions; the map is scale-free).
 
     Returns
     -------
     ndarray (k,), non-negative, summing to 1 (uniform when no entry is positive).
+
+    Raises
+    ------
+    InvalidParameterError
+        ``values`` is not a non-empty vector (its shape is public; its values never refused).
+
+    Notes
+    -----
+    Total on every float vector, so that no DP output can make a release fail after its
+    charge: NaN counts as 0, +inf as ``EXACT_BOUND`` (every +inf entry then shares the mass
+    equally), and the positive part is divided by its largest entry before it is summed
+    (no overflow).
 
     References
     ----------
     Spec §8 #9 (the paper's Pi of Lemma 4.4).
     """
     v = np.asarray(values, dtype=np.float64)
-    if v.ndim != 1 or v.size < 1 or not np.all(np.isfinite(v)):
-        raise InvalidParameterError("values must be a non-empty finite vector")
-    p = np.maximum(v, 0.0)
-    total = math.fsum(p)
-    if not total > 0.0:
+    if v.ndim != 1 or v.size < 1:
+        raise InvalidParameterError("values must be a non-empty vector")
+    p = np.maximum(np.nan_to_num(v, nan=0.0, posinf=EXACT_BOUND, neginf=0.0), 0.0)
+    top = float(p.max())
+    if not top > 0.0:
         return np.full(v.size, 1.0 / v.size)
-    p = p / total
+    p = p / top
+    p = p / math.fsum(p)
     return p / math.fsum(p)  # one more pass: the sum is 1 to within an ulp or two
 
 
@@ -281,6 +309,30 @@ class DistributionPlan:
             final: Budget(eps * (1.0 - CENTER_EPSILON_SHARE), final_delta),
         }
 
+    def prepare(self, noise: NoiseSource) -> dict:
+        """The mechanisms of this plan whose parameters are public, built and checked now: a job
+        calls this before its ledger reservation, so a mechanism that cannot be built fails
+        before any budget is spent.
+
+        Returns
+        -------
+        dict {stage name: mechanism}
+            P3: its exponential mechanism (:func:`dplib.distribution.p3.p3_mechanism`, OpenDP
+            ``make_noisy_max`` on a secure source). P0-P2: empty (their Laplace / Gaussian draws
+            are built per call by the noise source, with scales from public inputs or, for the
+            clipped stage, from the DP centre).
+
+        Raises
+        ------
+        InvalidParameterError
+            The noise source cannot run a mechanism of the plan.
+        """
+        if self.estimator == "P3":
+            from dplib.distribution.p3 import p3_mechanism
+
+            return {STAGE_P3: p3_mechanism(self, noise)}
+        return {}
+
     def charges(self, prefix: str = "") -> list[Charge]:
         """Stage charges in order: the privacy cost before any data is read."""
         groups, budgets = self.groups, self.stage_budgets
@@ -322,8 +374,9 @@ class PooledRelease:
 
     @property
     def noisy_count(self) -> float:
-        """``sum_j noisy_sum_j``: a DP estimate of the persons (post-processing)."""
-        return float(math.fsum(self.noisy_sum))
+        """``sum_j noisy_sum_j``: a DP estimate of the persons (post-processing). Total: each
+        entry is first clamped to ``+-COUNT_BOUND`` (NaN to 0), so the sum never overflows."""
+        return float(math.fsum(_bounded(self.noisy_sum)))
 
 
 def pooled_laplace(backend: BatchAggregates, group: GroupRange, epsilon: float, noise: NoiseSource) -> PooledRelease:
@@ -462,6 +515,7 @@ def private_distribution(
     noise: NoiseSource,
     accountant: Accountant | None = None,
     stage_prefix: str = "",
+    prepared: dict | None = None,
 ) -> DistributionRelease:
     """Private mean over persons of their batch distributions ``y_i = c_i / m`` (P0, P1 or P2).
 
@@ -475,6 +529,9 @@ def private_distribution(
     accountant : Accountant, optional
         Checked against the whole plan first, then charged before each stage reads its persons;
         default: limited to ``plan.budget``.
+    prepared : dict, optional
+        ``plan.prepare(noise)``, built by the caller before its ledger reservation; built here,
+        before the first charge, when None.
 
     Returns
     -------
@@ -516,6 +573,7 @@ def private_distribution(
         raise InvalidParameterError(
             f"the plan is for k={plan.k} categories and m={plan.m} draws; the batches have k={backend.k}, m={backend.m}"
         )
+    prepared = plan.prepare(noise) if prepared is None else prepared
     accountant = accountant if accountant is not None else Accountant(plan.budget)
     charges = {c.stage[len(stage_prefix):]: c for c in plan.charges(stage_prefix)}
     accountant.check(list(charges.values()))
@@ -532,7 +590,7 @@ def private_distribution(
     if plan.estimator == "P3":
         from dplib.distribution.p3 import p3_release
 
-        estimate, p3_params = p3_release(backend, plan, noise, charge)
+        estimate, p3_params = p3_release(backend, plan, noise, charge, prepared.get(STAGE_P3))
         params.update(p3_params)
         eps, delta = composed_cost(accountant.charges[start:])
         covers = ("no error bar: the exponential mechanism has no per-coordinate noise scale (the output is a "
@@ -542,7 +600,7 @@ def private_distribution(
         charge(STAGE_POOLED)
         rel = pooled_laplace(backend, groups[STAGE_POOLED], budgets[STAGE_POOLED].epsilon, noise)
         estimate = project_to_simplex(rel.noisy_sum)
-        n_hat = max(rel.noisy_count, 1.0)
+        n_hat = _floored_count(rel.noisy_count)
         scale = rel.scale
         error_bar = np.full(k, scale * math.log(1.0 / (1.0 - ERROR_LEVEL)) / n_hat)
         params.update({"noisy_person_count": round(rel.noisy_count, 1), "laplace_scale_of_sum": scale})
@@ -555,7 +613,7 @@ def private_distribution(
         charge(center_stage)
         c_rel = pooled_laplace(backend, groups[center_stage], budgets[center_stage].epsilon, noise)
         center = project_to_simplex(c_rel.noisy_sum)
-        n_c = max(c_rel.noisy_count, 1.0)
+        n_c = _floored_count(c_rel.noisy_count)
         n_hat = n_c * plan.group.fraction / groups[center_stage].fraction
         r_c = center_error_bound(n_c, k, m, c_rel.scale, plan.beta)
         if plan.estimator == "P1":
@@ -564,8 +622,8 @@ def private_distribution(
             radius, norm = p2_radius(m, r_c), "l2"
         charge(final_stage)
         f_rel = clipped_release(backend, center, radius, norm, groups[final_stage], budgets[final_stage], noise)
-        denom = max(f_rel.noisy_count, 1.0)
-        estimate = project_to_simplex(center + f_rel.noisy_sum / denom)
+        denom = _floored_count(f_rel.noisy_count)
+        estimate = project_to_simplex(center + _bounded(f_rel.noisy_sum) / denom)
         scale = f_rel.scale
         q = math.log(1.0 / (1.0 - ERROR_LEVEL)) if norm == "l1" else 1.6448536269514722
         error_bar = np.full(k, q * scale / denom)

@@ -30,7 +30,6 @@ Conventions (all documented where they are used):
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -40,6 +39,7 @@ from dplib.aggregates import VALUE_BOUND, NumpyAggregates
 from dplib.budget import Accountant, Budget, Charge
 from dplib.errors import InvalidParameterError
 from dplib.groups import HASH_SPACE, GroupRange
+from dplib.mechanisms.exponential import exponential_mechanism_probabilities, sample_exponential_mechanism  # noqa: F401
 from dplib.mean.params import bin_width_constant, check_moment_order, check_positive, check_records_per_person
 from dplib.mean.univariate import STATUS_OK, UnivariateMeanPlan, univariate_person_mean
 
@@ -426,96 +426,7 @@ def _score_checked(Y, p, alpha, rho, K, labels, box) -> int:
 
 
 # ----- exponential mechanism -----------------------------------------------------------------
-def exponential_mechanism_probabilities(scores, epsilon: float, sensitivity: float = 1.0) -> np.ndarray:
-    """Output distribution of the exponential mechanism: softmax of ``epsilon * S / (2 Delta)``.
-
-    Computed in log space (max subtracted), so large scores never overflow.
-
-    Parameters
-    ----------
-    scores : ndarray of shape (n_candidates,)
-        Finite scores.
-    epsilon, sensitivity : float
-        > 0.
-
-    Returns
-    -------
-    ndarray of shape (n_candidates,), sums to 1.
-    """
-    s = np.asarray(scores, dtype=np.float64).reshape(-1)
-    if s.size == 0 or not np.all(np.isfinite(s)):
-        raise InvalidParameterError("scores must be a non-empty vector of finite values")
-    eps = check_positive(epsilon, "epsilon")
-    delta_s = check_positive(sensitivity, "sensitivity")
-    logits = eps * s / (2.0 * delta_s)
-    logits -= logits.max()
-    w = np.exp(logits)
-    return w / w.sum()
-
-
-@functools.lru_cache(maxsize=32)
-def _opendp_gumbel_max(integral: bool, scale: float):
-    """OpenDP report-noisy-max with Gumbel noise of ``scale`` (built once per (type, scale))."""
-    import opendp.prelude as dp
-
-    dp.enable_features("contrib")
-    T = "i64" if integral else float
-    space = dp.vector_domain(dp.atom_domain(T=T)), dp.linf_distance(T=T)
-    return dp.m.make_noisy_max(*space, dp.zero_concentrated_divergence(), scale=scale)
-
-
-def sample_exponential_mechanism(scores, epsilon: float, noise, sensitivity: float = 1.0) -> int:
-    """Draw an index with probability ``prop. exp(epsilon * S / (2 Delta))`` (Gumbel-max).
-
-    * Secure source (``noise.secure``): OpenDP 0.16 ``make_noisy_max`` with Gumbel noise of scale
-      ``2 Delta / epsilon`` (its ``zero_concentrated_divergence`` variant is the Gumbel one; the
-      ``max_divergence`` variant adds exponential noise, i.e. permute-and-flip, a different
-      distribution). OpenDP samples the Gumbel noise and takes the argmax exactly, without float
-      shortcuts. Report-noisy-max with Gumbel noise *is* the exponential mechanism, hence
-      epsilon-DP; as a calibration check OpenDP's own map must give ``rho = epsilon^2 / 8``
-      (the bounded-range bound of an epsilon-DP exponential mechanism).
-    * Seeded source (has ``rng``, tests only): ``argmax(logits + rng.gumbel())`` in log space.
-
-    Parameters
-    ----------
-    scores : ndarray of shape (n_candidates,)
-        Finite scores (integers for the OpenDP integer path; floats are accepted too).
-    epsilon : float
-    noise : NoiseSource
-        ``SecureNoise`` for releases; ``SeededNoise`` in tests.
-    sensitivity : float, default 1
-
-    Returns
-    -------
-    int, index into ``scores``.
-
-    Raises
-    ------
-    InvalidParameterError
-        On bad scores or parameters, or a noise source that is neither secure nor seeded.
-
-    Privacy
-    -------
-    epsilon-DP when every score has sensitivity ``Delta`` (McSherry-Talwar; spec Lemma 2.9, P26).
-    """
-    s = np.asarray(scores, dtype=np.float64).reshape(-1)
-    if s.size == 0 or not np.all(np.isfinite(s)):
-        raise InvalidParameterError("scores must be a non-empty vector of finite values")
-    eps = check_positive(epsilon, "epsilon")
-    delta_s = check_positive(sensitivity, "sensitivity")
-    if getattr(noise, "secure", False):
-        integral = bool(np.all(s == np.rint(s)) and np.all(np.abs(s) < 2**62) and delta_s == int(delta_s))
-        meas = _opendp_gumbel_max(integral, 2.0 * delta_s / eps)
-        d_in = int(delta_s) if integral else float(delta_s)
-        if not meas.map(d_in) <= eps * eps / 8.0 * (1.0 + 1e-9):
-            raise InvalidParameterError("OpenDP noisy-max calibration check failed")  # pragma: no cover
-        values = [int(v) for v in s] if integral else [float(v) for v in s]
-        return int(meas(values))
-    rng = getattr(noise, "rng", None)
-    if not isinstance(rng, np.random.Generator):
-        raise InvalidParameterError("noise must be a secure source (SecureNoise) or a seeded one with an .rng Generator")
-    logits = eps * s / (2.0 * delta_s)
-    return int(np.argmax(logits + rng.gumbel(size=s.size)))
+# Moved to dplib.mechanisms.exponential (shared with P3); re-exported here by the import above.
 
 
 # ----- Algorithm 7 -------------------------------------------------------------------------

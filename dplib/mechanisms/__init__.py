@@ -1,4 +1,4 @@
-"""Mechanisms: noise sources, Laplace / Gaussian mechanisms, private histograms."""
+"""Mechanisms: noise sources, Laplace / Gaussian / exponential mechanisms, private histograms."""
 
 from dplib.mechanisms.basic import (
     EXACT_BOUND,
@@ -9,6 +9,12 @@ from dplib.mechanisms.basic import (
     gaussian_sigma,
     laplace_mechanism,
     laplace_scale,
+)
+from dplib.mechanisms.exponential import (
+    ExponentialMechanism,
+    clamp_scores,
+    exponential_mechanism_probabilities,
+    sample_exponential_mechanism,
 )
 from dplib.mechanisms.histograms import pure_dp_histogram, stability_threshold, thresholded_histogram
 from dplib.mechanisms.noise import NoiseSource, SecureNoise, SeededNoise, production_noise
@@ -29,4 +35,8 @@ __all__ = [
     "pure_dp_histogram",
     "stability_threshold",
     "thresholded_histogram",
+    "ExponentialMechanism",
+    "clamp_scores",
+    "exponential_mechanism_probabilities",
+    "sample_exponential_mechanism",
 ]

@@ -1,6 +1,8 @@
 """kind: distribution with estimator P3 through the whole job on Spark (config -> batches -> n0
--> ranked histogram -> certified scores -> exponential mechanism -> Delta), the Spark ranked
-histogram against the numpy twin with the same salt, and P3's config checks."""
+-> ranked histogram -> certified scores -> exponential mechanism -> Delta), with the seeded
+double and with the PRODUCTION noise source (OpenDP; issue 19: every production P3 run had
+failed after its budget was reserved), the Spark ranked histogram against the numpy twin with
+the same salt, and P3's config checks."""
 
 from __future__ import annotations
 
@@ -8,14 +10,18 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
+from dplib.distribution import p3
 from dplib.distribution.batches import NumpyBatches
-from dplib.errors import ConfigError
+from dplib.errors import ConfigError, InvalidParameterError
+from dplib.fixed_n import pad_histogram
 from dplib.groups import ALL_PERSONS, GroupRange
-from dplib.mechanisms import SeededNoise
+from dplib.mechanisms import SecureNoise, SeededNoise
 from spark_jobs.config import parse_config
 from spark_jobs.job import plan_job, run_job
+from spark_jobs.ledger import Ledger
 from spark_jobs.query import read_delta
 
 pytestmark = pytest.mark.spark
@@ -66,7 +72,8 @@ def test_p3_job_end_to_end(spark, flights_sample, tmp_path):
     assert params["categories"] == AIRPORTS + ["OTHER"] and params["grid_resolution"] == 20
     # only public values and DP outputs in the release: no exact count, discard, score or padding flag
     allowed = {"estimator", "estimator_name", "categories", "k", "m", "beta", "eta", "omega", "eta_omega_use",
-               "short_persons", "budget_mode", "stages", "p3_n_mode", "n0", "noisy_person_count",
+               "short_persons", "budget_mode", "stages", "p3_n_mode", "n0", "persons_scored", "persons_scored_cap",
+               "noisy_person_count",
                "count_laplace_scale", "grid_resolution", "grid_points", "alpha", "closeness_radius", "eta_priv", "tau_cov",
                "sandwich_gap_batches", "dummy_batch"}
     assert set(params) <= allowed, set(params) - allowed
@@ -82,6 +89,91 @@ def test_p3_job_end_to_end(spark, flights_sample, tmp_path):
     assert 0.5 * np.abs(est - truth).sum() <= 0.3
     back = read_delta(str(tmp_path / "releases")).to_pylist()
     assert len(back) == 1 and back[0]["estimate"] == pytest.approx(row.estimate)
+
+
+# ---- the production noise source ---------------------------------------------------------------
+SAME_PERSONS = 200
+SAME_BATCH = (5, 3, 2)  # every person: 5 records "a", 3 "b", 2 "c" (OTHER): exactly the m = 10 drawn
+TRUTH = np.array(SAME_BATCH) / M
+
+
+def same_persons_config(tmp_path, epsilon=2.0):
+    """Every person has the same 10 records, so the selected histogram is ``{(5,3,2): n}`` (plus
+    dummies when n exceeds the persons) whatever the secret salt: the mechanism's exact output
+    distribution is computable from the released n alone."""
+    path = tmp_path / "same.parquet"
+    cats = ["a"] * 5 + ["b"] * 3 + ["c"] * 2
+    pd.DataFrame({"pid": np.repeat([f"p{i}" for i in range(SAME_PERSONS)], M),
+                  "cat": cats * SAME_PERSONS}).to_parquet(path, index=False)
+    return parse_config({
+        "job_name": "p3-production-noise",
+        "input": {"path": str(path), "format": "parquet"},
+        "privacy_unit": {"column": "pid"},
+        "budget": {"epsilon": epsilon, "delta": 0.0},
+        "statistics": [{"name": "cat_p3", "kind": "distribution", "columns": ["cat"], "share": 1.0,
+                        "options": {"categories": ["a", "b"], "m": M, "estimator": "P3", "alpha": 0.3}}],
+        "output": {"path": str(tmp_path / "out")},
+        "ledger": {"population": "same-persons", "initial_limit": {"epsilon": 10.0, "delta": 0.0}},
+    })
+
+
+def tv_tolerance(n: int, epsilon_em: float, miss: float = 1e-6) -> tuple[np.ndarray, float]:
+    """The grid and the TV distance t to TRUTH with ``P[TV(output, TRUTH) > t] <= miss`` under
+    the mechanism's exact output distribution on ``n`` persons (n0 from the release)."""
+    hist = pad_histogram({SAME_BATCH: min(n, SAME_PERSONS)}, n, p3.dummy_batch(3, M))
+    setup = p3.p3_setup(3, M, n, 0.3, None, None, None, 0.05)
+    scores = p3.p3_scores(hist, M, setup.G, 0.0, setup.tau, setup.gap)
+    probs = p3.p3_probabilities(scores.alpha_scores, epsilon_em)
+    tv = 0.5 * np.abs(scores.grid / setup.G - TRUTH[None, :]).sum(axis=1)
+    order = np.argsort(tv, kind="stable")
+    covered = np.cumsum(probs[order])
+    return scores.grid / setup.G, float(tv[order][np.searchsorted(covered, 1.0 - miss)])
+
+
+def test_p3_job_production_noise_releases_ok_and_charges_once(spark, tmp_path):
+    """A real run with the default (production) noise source and the ledger on: status OK, a
+    grid point of the simplex within the TV tolerance the mechanism's exact output distribution
+    gives at 1 - 1e-6 (computed from the released n0; it excludes the far grid points, so a
+    wrong mechanism -- argmax instead of argmin, a constant index -- fails), charged once."""
+    cfg = same_persons_config(tmp_path)
+    result = run_job(cfg, spark=spark)  # no noise argument: production_noise()
+    (row,) = result.rows
+    assert row.noise_source == SecureNoise.name and row.status == "OK"
+    assert (row.epsilon, row.delta) == (pytest.approx(2.0), 0.0)
+    est = np.array(row.estimate)
+    assert est.shape == (3,) and np.all(est >= 0) and math.isclose(est.sum(), 1.0)
+    params = json.loads(row.parameters)
+    n = params["persons_scored"]
+    assert n == min(params["n0"], p3.MAX_PERSONS) and params["grid_resolution"] == 20
+    grid, tol = tv_tolerance(n, 0.9 * 2.0)
+    assert np.any(np.all(np.isclose(grid, est[None, :]), axis=1))  # a grid point
+    assert tol <= 0.15  # the check has teeth: half the grid is farther than this
+    assert 0.5 * np.abs(est - TRUTH).sum() <= tol + 1e-12
+    led = Ledger(str(tmp_path / "out" / "privacy_ledger"))
+    assert led.population("same-persons").spent_epsilon == pytest.approx(2.0)
+    assert [e["status"] for e in led.entries("same-persons")] == ["released"]
+    assert read_delta(str(tmp_path / "out" / "releases")).num_rows == 1
+
+
+def test_p3_mechanism_is_built_before_the_reservation(spark, tmp_path, monkeypatch):
+    """With OpenDP's noisy-max built as before the fix (a float domain that admits NaN, which
+    make_noisy_max refuses), the run now fails before the ledger reservation: nothing is spent
+    and no Spark work starts."""
+    import opendp.prelude as dp
+
+    from dplib.mechanisms import exponential
+
+    def old_construction(integer_scores, scale):
+        dp.enable_features("contrib")
+        space = dp.vector_domain(dp.atom_domain(T=float)), dp.linf_distance(T=float)
+        return dp.m.make_noisy_max(*space, dp.zero_concentrated_divergence(), scale=scale)
+
+    monkeypatch.setattr(exponential, "_opendp_gumbel_max", old_construction)
+    cfg = same_persons_config(tmp_path)
+    with pytest.raises(InvalidParameterError, match="OpenDP could not build.*non-nan"):
+        run_job(cfg, spark=spark)
+    pop = Ledger(str(tmp_path / "out" / "privacy_ledger")).population("same-persons")
+    assert pop is None or pop.spent_epsilon == 0.0
 
 
 def test_ranked_histogram_spark_equals_numpy(spark, flights_sample):

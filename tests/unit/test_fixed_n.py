@@ -17,10 +17,14 @@ from dplib.mechanisms import SeededNoise
 def test_lower_bound_formula():
     assert lower_bound(100.4, 10.0, 0.05) == math.floor(100.4 - 10 * math.log(10))
     assert lower_bound(-50.0, 10.0, 0.05) == 1 and lower_bound(-50.0, 10.0, 0.05, n_min=3) == 3
-    for bad in (dict(beta=0.5), dict(beta=0.0), dict(laplace_scale=0.0), dict(noisy_count=math.nan), dict(n_min=0)):
+    for bad in (dict(beta=0.5), dict(beta=0.0), dict(laplace_scale=0.0), dict(noisy_count="10"), dict(n_min=0)):
         kw = dict(noisy_count=10.0, laplace_scale=1.0, beta=0.1) | bad
         with pytest.raises(InvalidParameterError):
             lower_bound(**kw)
+    # total on extreme DP outputs (post-processing never refuses a noisy count): [n_min, 2^62]
+    assert lower_bound(math.inf, 10.0, 0.05) == lower_bound(1e300, 10.0, 0.05) == 2**62
+    assert lower_bound(-math.inf, 10.0, 0.05, n_min=3) == lower_bound(math.nan, 10.0, 0.05, n_min=3) == 3
+    assert lower_bound(np.float64(5e-324), 1.0, 0.1) == 1
 
 
 def test_failure_probability_matches_the_laplace_tail():

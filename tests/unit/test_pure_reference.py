@@ -286,14 +286,18 @@ def test_exponential_mechanism_probabilities_match_formula_and_do_not_overflow()
     assert np.all(np.isfinite(big)) and abs(big[1] / big[0] - math.exp(-0.5)) < 1e-12 and big[2] == 0.0
 
 
-def test_sampler_refuses_unknown_noise_sources_and_bad_scores():
+def test_sampler_refuses_unknown_noise_sources_and_bad_shapes():
     class Plain:
         secure = False
 
     with pytest.raises(InvalidParameterError, match="noise"):
         sample_exponential_mechanism([1, 2], 1.0, Plain())
-    with pytest.raises(InvalidParameterError, match="scores"):
-        sample_exponential_mechanism([1, np.inf], 1.0, SeededNoise(0))
+    for bad in ([], [[1, 2]]):  # the candidate set's shape is public: refused
+        with pytest.raises(InvalidParameterError, match="scores"):
+            sample_exponential_mechanism(bad, 1.0, SeededNoise(0))
+    # score values are data: never refused, clamped (inf to the bound, NaN to minus the bound)
+    assert sample_exponential_mechanism([1.0, np.inf], 1.0, SeededNoise(0)) == 1
+    assert exponential_mechanism_probabilities([np.nan, 0.0], 1.0).tolist() == [0.0, 1.0]
     with pytest.raises(InvalidParameterError, match="epsilon"):
         exponential_mechanism_probabilities([1, 2], 0.0)
 

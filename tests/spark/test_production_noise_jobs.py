@@ -1,0 +1,135 @@
+"""Every estimator the job supports, run end to end through the PRODUCTION noise source (no
+noise argument: ``production_noise()``, OpenDP), on one small dataset and the shared Spark
+session (issue 19: P3 crashed on every production run, after its budget was reserved, because
+no test reached that path; this file guards all the others).
+
+Three job runs (one per budget type, so that every code path of the estimators is taken:
+pure, approximate, BHS23), each with one statistic per estimator. For every row: the secure
+source drew it; the status is one the estimator documents; its cost is the plan's; an OK
+estimate is finite, has its documented shape and lies near the exact dataset statistic (loose
+tolerances: these are smoke tests of the production path, the seeded statistical tests
+measure accuracy). BHS23 needs tens of thousands of persons at these budgets, so at this n its
+kinds release the documented FAIL (charged, no estimate)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dplib.mechanisms import SecureNoise
+from spark_jobs.config import parse_config
+from spark_jobs.job import plan_job, run_job
+from spark_jobs.query import read_delta
+
+pytestmark = pytest.mark.spark
+
+N_PERSONS = 1000
+RECORDS = 10
+CATS = ["a", "b"]  # k = 3 with OTHER ("c")
+CAT_TRUTH = np.array([0.5, 0.3, 0.2])  # every person: 5 "a", 3 "b", 2 "c"
+
+
+def dist(estimator, **opts):
+    return {"kind": "distribution", "columns": ["cat"],
+            "options": {"categories": CATS, "m": RECORDS, "estimator": estimator, **opts}}
+
+
+# job -> (budget (epsilon, delta), {statistic name: statistic}); shares are equal
+JOBS = {
+    "pure": ((5.0, 0.0), {
+        "mean_scale_free": {"kind": "mean", "columns": ["x"], "options": {"k": 4}},
+        "mean_with_scale": {"kind": "mean", "columns": ["x"], "options": {"scale": 2.0, "range_bound": 100.0}},
+        "dist_P0": dist("P0"),
+        "dist_P1": dist("P1"),
+        "dist_P3": dist("P3", alpha=0.3),
+    }),
+    "approx": ((12.0, 4e-6), {  # 3.0 each: at 1,000 persons and epsilon 1 the multivariate mean
+        # released INSUFFICIENT_DATA in 6 of 10 runs; at 2 or 3 in none of 300
+        "mean_scale_free": {"kind": "mean", "columns": ["x"], "options": {"k": 4}},
+        "mean_with_scale": {"kind": "mean", "columns": ["x"], "options": {"scale": 2.0}},
+        "multivariate_mean": {"kind": "multivariate_mean", "columns": ["x", "y"], "options": {"k": 4}},
+        "dist_P2": dist("P2"),
+    }),
+    # BHS23's algorithms need epsilon < 1 and delta < epsilon / 1000 per statistic
+    "bhs23": ((2.7, 3e-6), {
+        "mean_affine": {"kind": "mean_affine", "columns": ["x", "y"], "options": {"lambda0": 10.0}},
+        "covariance": {"kind": "covariance", "columns": ["x", "y"], "options": {"lambda0": 4.0}},
+        "gaussian": {"kind": "gaussian", "columns": ["x", "y"], "options": {"lambda0": 10.0}},
+    }),
+}
+STATUSES = {"mean": {"OK"}, "multivariate_mean": {"OK"}, "distribution": {"OK"},
+            "mean_affine": {"OK", "FAIL"}, "covariance": {"OK", "FAIL"}, "gaussian": {"OK", "FAIL"}}
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """N_PERSONS persons x RECORDS records: numeric x, y around a person mean (person means
+    N((5, -3), diag(4, 1))), and the same category counts for everyone."""
+    rng = np.random.default_rng(11)  # the data only; the releases' noise is not seeded
+    mu = rng.normal([5.0, -3.0], [2.0, 1.0], size=(N_PERSONS, 2))
+    vals = np.repeat(mu, RECORDS, axis=0) + rng.normal(0.0, 1.0, size=(N_PERSONS * RECORDS, 2))
+    pdf = pd.DataFrame({
+        "pid": np.repeat([f"id{i}" for i in range(N_PERSONS)], RECORDS),
+        "x": vals[:, 0], "y": vals[:, 1],
+        "cat": (["a"] * 5 + ["b"] * 3 + ["c"] * 2) * N_PERSONS,
+    })
+    path = tmp_path_factory.mktemp("production") / "records.parquet"
+    pdf.to_parquet(path, index=False)
+    return str(path), pdf.groupby("pid")[["x", "y"]].mean().mean().to_numpy()
+
+
+def config(path, out, job):
+    (eps, delta), stats = JOBS[job]
+    share = 1.0 / len(stats)
+    return parse_config({
+        "job_name": f"production-{job}",
+        "input": {"path": path, "format": "parquet"},
+        "privacy_unit": {"column": "pid"},
+        "budget": {"epsilon": eps, "delta": delta},
+        "statistics": [{"name": name, "share": share, **stat} for name, stat in stats.items()],
+        "output": {"path": str(out)},
+        "ledger": {"enabled": False},
+    })
+
+
+def check_estimate(kind, est, mean_truth):
+    """Shape, finiteness and a loose distance to the exact dataset statistic."""
+    assert np.all(np.isfinite(est))
+    if kind == "mean":
+        assert est.shape == (1,) and abs(est[0] - mean_truth[0]) <= 0.5
+    elif kind in ("multivariate_mean", "mean_affine"):
+        assert est.shape == (2,) and np.all(np.abs(est - mean_truth) <= 0.5)
+    elif kind == "distribution":
+        assert est.shape == (3,) and np.all(est >= 0) and math.isclose(est.sum(), 1.0)
+        assert 0.5 * np.abs(est - CAT_TRUTH).sum() <= 0.05
+    elif kind == "covariance":
+        c = est.reshape(2, 2)
+        assert np.allclose(c, c.T) and np.all(np.linalg.eigvalsh(c) >= -1e-9)
+    else:  # gaussian: the mean row, then the covariance
+        assert est.shape == (6,) and np.all(np.abs(est[:2] - mean_truth) <= 0.5)
+
+
+@pytest.mark.parametrize("job", list(JOBS))
+def test_production_noise_job(spark, records, tmp_path, job):
+    path, mean_truth = records
+    cfg = config(path, tmp_path, job)
+    plan = plan_job(cfg)
+    costs = {c.stage.split(": ")[0] for c in plan.charges}
+    assert costs == set(JOBS[job][1])
+    result = run_job(cfg, spark=spark)  # the production noise source
+    rows = {r.statistic: r for r in result.rows}
+    assert set(rows) == set(JOBS[job][1])
+    assert result.epsilon_spent == pytest.approx(plan.cost[0]) and result.delta_spent == pytest.approx(plan.cost[1])
+    assert read_delta(result.table_path, {"run_id": result.run_id}).num_rows == len(rows)
+    for name, row in rows.items():
+        kind = JOBS[job][1][name]["kind"]
+        assert row.noise_source == SecureNoise.name, name
+        assert row.status in STATUSES[kind], (name, row.status)
+        if row.status == "OK":
+            check_estimate(kind, np.array(row.estimate, dtype=float), mean_truth)
+        else:  # BHS23 below its gate (or a failed PTR): charged, no estimate, n0 released
+            assert row.estimate is None and "n0" in json.loads(row.parameters), name
