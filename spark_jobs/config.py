@@ -67,13 +67,28 @@ class _EpsilonDelta(_Frozen):
 class BudgetConfig(_EpsilonDelta):
     """Total budget of one run (add/remove one person), and how stages compose.
 
-    ``budget_mode``: ``parallel`` (stages on disjoint fixed hash ranges each get the statistic's
-    whole share; default) or ``sequential`` (the paper's split).
+    ``budget_mode``: ``sequential`` (the only mode): every stage of an estimator reads all of its
+    persons and the stages compose sequentially. ``parallel`` (stages on disjoint hash ranges)
+    was removed: against the exact dataset statistic its final stage on a fraction of the
+    persons lost to clamping with good bounds (benchmarks/anchors); a config naming it is refused
+    with that explanation.
     """
 
     epsilon: float
     delta: float = 1e-6
-    budget_mode: Literal["parallel", "sequential"] = "parallel"
+    budget_mode: Literal["sequential"] = "sequential"
+
+    @field_validator("budget_mode", mode="before")
+    @classmethod
+    def _no_parallel(cls, v):
+        if v == "parallel":
+            raise ValueError(
+                "budget_mode: parallel was removed: every stage now reads all persons and the stages "
+                "compose sequentially (the final stage on a fraction of the persons was less accurate "
+                "than clamping with good bounds; docs/privacy/person_level_mean.md). Delete the line "
+                "or write budget_mode: sequential"
+            )
+        return v
 
 
 
@@ -88,7 +103,9 @@ class MeanOptions(_Frozen):
     root of how far a person's mean sits from the mean over persons): the paper's estimator
     with that declared scale (``dplib.mean.univariate``); ``range_bound`` (public R with
     ``|mean| <= R``) is then needed when delta = 0; ``coarse_fraction`` is its coarse share.
-    ``k``: moment order, used by both.
+    ``k``: moment order. With ``scale``: the paper's k (default 4). Without: optional cap on the
+    degrees of freedom of the tail model beyond what the private deviation profile measures
+    (default: no cap; a smaller k gives wider, more robust radii).
 
     ``kind: multivariate_mean`` (``dplib.mean.multivariate``) takes ``k``, ``scales`` (optional
     public per-column scales, a diagonal preconditioner; found privately when absent),
@@ -98,7 +115,7 @@ class MeanOptions(_Frozen):
     """
 
     scale: float | None = None
-    k: float = 4.0
+    k: float | None = None
     range_bound: float | None = None
     coarse_fraction: float = 0.25
     exponent_range: tuple[int, int] = (-40, 60)
@@ -136,8 +153,8 @@ class MeanOptions(_Frozen):
 
     @field_validator("k")
     @classmethod
-    def _k(cls, v: float) -> float:
-        if math.isnan(v) or v < 2:
+    def _k(cls, v: float | None) -> float | None:
+        if v is not None and (math.isnan(v) or v < 2):
             raise ValueError(f"must be >= 2 or .inf (got {v!r})")
         return v
 

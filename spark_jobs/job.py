@@ -131,7 +131,7 @@ def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
         return MultivariateMeanPlan(
             budget=total.scaled(stat.share),
             d=len(stat.columns),
-            k=opts.k,
+            k=4.0 if opts.k is None else opts.k,
             mode="iid" if opts.records_iid else "summary",
             m=cfg.summary.m_min if opts.records_iid else 1,
             scales=opts.scales,
@@ -141,14 +141,13 @@ def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
     if opts.scale is None:
         return ScaleFreeMeanPlan(
             budget=total.scaled(stat.share),
-            budget_mode=cfg.budget.budget_mode,
             k=opts.k,
             exponent_range=opts.exponent_range,
         )
     return UnivariateMeanPlan(
         budget=total.scaled(stat.share),
         scale=opts.scale,
-        k=opts.k,
+        k=4.0 if opts.k is None else opts.k,
         m=1,
         range_bound=opts.range_bound,
         budget_mode=cfg.budget.budget_mode,

@@ -25,10 +25,10 @@ from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
 from dplib.mechanisms import SeededNoise
 
 UNIVARIATE = "scale_free_person_mean (ScaleFreeMeanPlan defaults)"
-MULTIVARIATE = "multivariate_person_mean (MultivariateMeanPlan defaults: summary mode, parallel budget)"
+MULTIVARIATE = "multivariate_person_mean (MultivariateMeanPlan defaults: summary mode, sequential budget on all persons)"
 #: What ``error_bar`` covers (printed in the header).
 BAR_NOTE = (
-    "univariate: the release's error_bar (covers the exact statistic: noise + sampling + bias bound); "
+    "univariate: the release's error_bar (covers the exact statistic: noise + a bias bound from the fitted tail); "
     "multivariate: per-coordinate 90% half-width of the final Gaussian noise only"
 )
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from dplib.aggregates import NumpyAggregates
 from dplib.budget import Accountant, Budget
-from dplib.errors import InputDataError
+from dplib.errors import InputDataError, InvalidParameterError
 from dplib.groups import group_index, new_salt
 from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
 from dplib.mean.univariate import MeanRelease, UnivariateMeanPlan, univariate_person_mean
@@ -72,9 +72,9 @@ def person_level_mean(
     epsilon: float,
     delta: float = 1e-6,
     scale: float | None = None,
-    k: float = 4.0,
+    k: float | None = None,
     range_bound: float | None = None,
-    budget_mode: str = "parallel",
+    budget_mode: str = "sequential",
     m_min: int = 1,
     noise: NoiseSource | None = None,
     salt_hex: str | None = None,
@@ -95,7 +95,8 @@ def person_level_mean(
         centre and radius privately. A number: the declared public scale of the person means,
         data units, for the paper's estimator (:mod:`dplib.mean.univariate`).
     k, range_bound, budget_mode, m_min :
-        See :class:`~dplib.mean.univariate.UnivariateMeanPlan` (``range_bound`` only with a scale).
+        See :class:`~dplib.mean.univariate.UnivariateMeanPlan` (``range_bound`` and
+        ``budget_mode`` only with a scale; the scale-free estimator is always sequential).
     noise : NoiseSource, optional
         Default: the secure OpenDP source. Pass ``SeededNoise(seed)`` only in tests.
     salt_hex : str, optional
@@ -118,10 +119,15 @@ def person_level_mean(
     budget = Budget(epsilon, delta)
     plan: UnivariateMeanPlan | ScaleFreeMeanPlan
     if scale is None:
-        plan = ScaleFreeMeanPlan(budget=budget, budget_mode=budget_mode, k=k)  # type: ignore[arg-type]
+        if budget_mode != "sequential":
+            raise InvalidParameterError(
+                "the scale-free mean composes its stages sequentially on all persons; "
+                f"budget_mode={budget_mode!r} applies only with a declared scale"
+            )
+        plan = ScaleFreeMeanPlan(budget=budget, k=k)
     else:
         plan = UnivariateMeanPlan(
-            budget=budget, scale=scale, k=k, m=1, range_bound=range_bound, budget_mode=budget_mode  # type: ignore[arg-type]
+            budget=budget, scale=scale, k=4.0 if k is None else k, m=1, range_bound=range_bound, budget_mode=budget_mode  # type: ignore[arg-type]
         )
     ids, means = person_means(values, person_ids, m_min=m_min)
     salt = salt_hex if salt_hex is not None else new_salt()

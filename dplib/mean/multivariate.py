@@ -359,7 +359,7 @@ class MultivariateMeanPlan:
     m: int = 1
     scales: tuple[float, ...] | None = None
     expected_persons: float | None = None
-    budget_mode: Literal["parallel", "sequential"] = "parallel"
+    budget_mode: Literal["parallel", "sequential"] = "sequential"
     fractions: tuple[tuple[str, float], ...] | None = None
     group: GroupRange = ALL_PERSONS
 
@@ -433,7 +433,10 @@ class MultivariateMeanPlan:
 
     @property
     def groups(self) -> dict[str, GroupRange]:
+        """Persons each stage reads: all of ``group`` (sequential) or its hash range (parallel)."""
         names = self._stage_names()
+        if self.budget_mode == "sequential":
+            return {s: self.group for s in names}
         parts = self.group.split([f for _, f in self.fractions])
         return dict(zip(names, parts))
 
@@ -831,7 +834,7 @@ def multivariate_person_mean(
     )
     params["schedule"] = schedule.describe()
     T = schedule.threads
-    layer_groups = groups[STAGE_TCN].split([1.0 / T] * T)
+    layer_groups = groups[STAGE_TCN].split([1.0 / T] * T) if plan.budget_mode == "parallel" else [plan.group] * T
     tcn_charge = charges[STAGE_TCN]
     layer_budget = budgets[STAGE_TCN] if plan.budget_mode == "parallel" else budgets[STAGE_TCN].scaled(1.0 / T)
     center = u0

@@ -38,6 +38,8 @@ from dplib.mechanisms import NoiseSource, pure_dp_histogram, thresholded_histogr
 FLOOR_BETA = 0.1
 #: The radius quantile is capped at this many times the top of the highest visible profile bin.
 VISIBLE_REACH = 8.0
+#: Neighbours each side of the argmax bin in the refined centre of :func:`window_center`.
+REFINE_BINS = 3
 #: Sub-octave edges of the deviation histogram: quarter octaves.
 QUARTER_OCTAVE = (2.0**0.25, 2.0**0.5, 2.0**0.75)
 
@@ -213,12 +215,14 @@ def window_center(
     lower: float,
     upper: float,
     bins_per_range: int = 8,
+    refine: bool = False,
 ) -> tuple[float, float]:
     """RangeEstimator with a bin width derived from a DP range: returns ``(center, bin_width)``.
 
     Bins of width ``r = (upper - lower) / bins_per_range`` tile ``[lower - W, upper + W]``
     (``W = upper - lower``); values are clamped into that window; Laplace(1/epsilon) on every bin
-    (empty ones too); the centre is the midpoint of the noisy argmax bin.
+    (empty ones too); the centre is the midpoint of the noisy argmax bin, or with ``refine`` the
+    centroid of that bin and ``REFINE_BINS`` neighbours each side (noisy counts floored at 0).
 
     Privacy
     -------
@@ -238,6 +242,13 @@ def window_center(
         dense[min(max(j, 0), n_bins - 1)] += c
     noisy, _ = pure_dp_histogram(dense, epsilon, noise)
     j_star = int(np.argmax(noisy))
+    if refine:
+        # centroid of the argmax bin and REFINE_BINS neighbours each side (noisy counts floored at 0): finer
+        # than the bin midpoint when the bulk spans several bins; post-processing only
+        js = np.arange(max(j_star - REFINE_BINS, 0), min(j_star + REFINE_BINS + 1, n_bins))
+        wts = np.maximum(noisy[js], 0.0)
+        if wts.sum() > 0:
+            return offset + (float(np.dot(wts, js + 0.5)) / float(wts.sum())) * r, r
     return offset + (j_star + 0.5) * r, r
 
 
@@ -271,8 +282,12 @@ def deviation_profile(
     center: float,
     low: float,
     high: float,
+    sub_edges: tuple[float, ...] = QUARTER_OCTAVE,
 ) -> DeviationProfile:
-    """Private histogram of ``|Y - center|`` on quarter-octave bins from ``low`` to ``high``.
+    """Private histogram of ``|Y - center|`` on log bins from ``low`` to ``high``.
+
+    Each octave is cut at ``sub_edges`` (default quarter octaves; ``(2**0.5,)`` half octaves).
+
 
     ``low`` and ``high`` must be public (functions of earlier DP outputs); they are rounded out to
     powers of two. Bins below ``low`` merge into an underflow bin, above ``high`` into an overflow
@@ -284,20 +299,25 @@ def deviation_profile(
     """
     if not (0 < low < high and math.isfinite(high)):
         raise InvalidParameterError(f"need 0 < low < high < inf, got {low!r}, {high!r}")
-    counts = backend.log_histogram(column, center, group, QUARTER_OCTAVE)
-    return deviation_profile_from_counts(counts, epsilon, noise, low, high)
+    counts = backend.log_histogram(column, center, group, sub_edges)
+    return deviation_profile_from_counts(counts, epsilon, noise, low, high, sub_edges)
 
 
 def deviation_profile_from_counts(
-    counts: dict[int, int], epsilon: float, noise: NoiseSource, low: float, high: float
+    counts: dict[int, int],
+    epsilon: float,
+    noise: NoiseSource,
+    low: float,
+    high: float,
+    sub_edges: tuple[float, ...] = QUARTER_OCTAVE,
 ) -> DeviationProfile:
     """:func:`deviation_profile` from the exact log histogram of ``|Y - center|`` with
-    ``QUARTER_OCTAVE`` sub-edges (e.g. one column of ``Aggregates.log_histograms``)."""
+    ``sub_edges`` (e.g. one column of ``Aggregates.log_histograms``)."""
     if not (0 < low < high and math.isfinite(high)):
         raise InvalidParameterError(f"need 0 < low < high < inf, got {low!r}, {high!r}")
     e_lo = max(int(math.floor(math.log2(low))), MIN_EXPONENT + 1)
     e_hi = min(int(math.ceil(math.log2(high))), 996)
-    n_sub = len(QUARTER_OCTAVE) + 1
+    n_sub = len(sub_edges) + 1
     n_inner = (e_hi - e_lo) * n_sub
     dense = np.zeros(n_inner + 2)
     for k, c in counts.items():
@@ -309,7 +329,7 @@ def deviation_profile_from_counts(
         pos = (e - e_lo) * n_sub + idx % n_sub
         dense[min(max(pos + 1, 0), n_inner + 1)] += c
     noisy, scale = pure_dp_histogram(dense, epsilon, noise)
-    inner_edges = [math.ldexp(edge, e) for e in range(e_lo, e_hi) for edge in (1.0,) + QUARTER_OCTAVE]
+    inner_edges = [math.ldexp(edge, e) for e in range(e_lo, e_hi) for edge in (1.0,) + tuple(sub_edges)]
     edges = np.array([0.0] + inner_edges + [math.ldexp(1.0, e_hi), math.inf])
     # Noise floor: with probability 1 - FLOOR_BETA no empty bin's noise exceeds it. Bins below
     # it are read as empty, so that noise in far, empty bins does not inflate the bias bound.
@@ -332,6 +352,7 @@ class TailModel:
     edges: np.ndarray  # measured edges, increasing
     survival: np.ndarray  # S at those edges
     alpha: float
+    alpha_se: float = math.inf  # standard error of the fitted power (inf: not fitted)
 
     def bias(self, radius: float) -> float:
         """Model bound on ``E[(|Y - c| - radius)+]`` (the largest clipping bias at ``radius``)."""
@@ -385,43 +406,128 @@ def _tail_second_moment_ratio(s_star: float, x_star: float, alpha: float, radius
 TAIL_FIT_POINTS = 6
 TAIL_FIT_MAX_SURVIVAL = 0.2
 MIN_ALPHA = 1.75
+#: Mass above the highest visible bin counts as present beyond this many noise sds.
+HIDDEN_SD = 2.0
 #: A survival count is "measured" when it is at least this many of its noise sds.
 MEASURED_SD = 4.0
 
 
-def tail_model(profile: "DeviationProfile", epsilon: float, k: float = 2.0) -> TailModel:
+def tail_model(
+    profile: "DeviationProfile",
+    epsilon: float,
+    k: float = 2.0,
+    fallback: float | None = None,
+    measured_sd: float = MEASURED_SD,
+    fit_points: int = TAIL_FIT_POINTS,
+    visible_top: bool = False,
+) -> TailModel:
     """Fit :class:`TailModel` to a profile's raw noisy counts (post-processing only).
 
-    The power beyond the measured region is ``min(fitted alpha, k)``, or ``k`` when no fit is
-    possible: a k-th-moment assumption (Markov: ``S(x) <= E|Y-c|^k / x^k``) is what the bias
-    bound rests on there.
+    The power beyond the measured region is ``min(fitted alpha, k)``, or ``fallback`` (default
+    ``k``) when no fit is possible: a moment assumption (Markov: ``S(x) <= E|Y-c|^k / x^k``) is
+    what the bias bound rests on there. A survival count is measured when it is at least
+    ``measured_sd`` of its noise standard deviations.
+
+    ``visible_top``: survival counts sum only the bins up to the highest one whose noisy count
+    clears the profile's noise floor (the empty bins above it would add only noise); the mass
+    left above it (:func:`hidden_mass`) is counted only when it exceeds ``HIDDEN_SD`` of its
+    noise sds (then every bin is summed, as without ``visible_top``).
     """
+    fallback = float(k) if fallback is None else min(float(fallback), float(k))
     raw = profile.raw_weights
     n_bins = raw.size
     total = float(np.sum(raw))
     if total <= 0:
         # no persons seen at all: no bound (the bias bound is infinite)
         return TailModel(np.array([0.0, float(profile.edges[1])]), np.array([1.0, 1.0]), 1.0)
+    top = n_bins - 1
+    if visible_top:
+        visible = np.nonzero(profile.weights > 0)[0]
+        top = int(visible[-1]) if visible.size else 0
+        hidden, hidden_sd = hidden_mass(profile, epsilon)
+        if hidden > HIDDEN_SD * hidden_sd:
+            top = n_bins - 1  # significant mass above the visible bins: count every bin
+        else:
+            raw = np.where(np.arange(n_bins) <= top, raw, 0.0)
     cum = np.cumsum(raw[::-1])[::-1]  # count at or beyond the lower edge of bin i
-    sd = np.sqrt(2.0 * np.arange(n_bins, 0, -1)) / epsilon
-    measured = (cum >= MEASURED_SD * sd) & (np.arange(n_bins) >= 1)
+    sd = np.sqrt(2.0 * np.maximum(top + 1 - np.arange(n_bins), 1)) / epsilon
+    measured = (cum >= measured_sd * sd) & (np.arange(n_bins) >= 1)
     idx = np.nonzero(measured)[0]
     if idx.size == 0:
         # Nothing measurable beyond the underflow bin: beyond its edge there may still be up to
         # the detection limit of persons (MEASURED_SD noise sds); bound the tail from there.
-        limit = min(MEASURED_SD * float(sd[1]) / total, 1.0) if n_bins > 1 else 1.0
-        return TailModel(np.array([0.0, float(profile.edges[1])]), np.array([1.0, limit]), float(k))
+        limit = min(measured_sd * float(sd[1]) / total, 1.0) if n_bins > 1 else 1.0
+        return TailModel(np.array([0.0, float(profile.edges[1])]), np.array([1.0, limit]), fallback)
     last = int(idx[-1])
     xs = np.concatenate([[0.0], profile.edges[1 : last + 1]])
-    ss = np.concatenate([[1.0], np.minimum(cum[1 : last + 1] / total, 1.0)])
+    ss = np.concatenate([[1.0], np.clip(cum[1 : last + 1] / total, 0.0, 1.0)])
     ss = np.minimum.accumulate(ss)
-    tail = np.nonzero((ss <= TAIL_FIT_MAX_SURVIVAL) & (xs > 0) & (ss > 0))[0][-TAIL_FIT_POINTS:]
+    snr = np.concatenate([[np.inf], cum[1 : last + 1] / sd[1 : last + 1]])
+    tail = np.nonzero((ss <= TAIL_FIT_MAX_SURVIVAL) & (xs > 0) & (ss > 0))[0][-fit_points:]
     if tail.size >= 2:
-        slope = np.polyfit(np.log(xs[tail]), np.log(ss[tail]), 1)[0]
-        alpha = float(min(max(-slope, MIN_ALPHA), k))
-    else:
-        alpha = float(k)
-    return TailModel(xs, ss, alpha)
+        # weighted least squares on log S: the sd of log S at a point is about 1 / its SNR
+        lx, ly, wt = np.log(xs[tail]), np.log(ss[tail]), np.minimum(snr[tail], 1e6)
+        slope = np.polyfit(lx, ly, 1, w=wt)[0]
+        # standard error of a weighted slope whose residual sds are 1 / weight
+        spread = float(np.sum(wt**2 * (lx - np.average(lx, weights=wt**2)) ** 2))
+        se = 1.0 / math.sqrt(spread) if spread > 0 else math.inf
+        return TailModel(xs, ss, float(min(max(-slope, MIN_ALPHA), k)), se)
+    return TailModel(xs, ss, fallback)
+
+
+def measured_survival(
+    profile: "DeviationProfile", epsilon: float, measured_sd: float = MEASURED_SD, visible_top: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """The survival of ``|Y - c|`` where a profile measures it (post-processing only).
+
+    Survival counts ``C_i`` (noisy persons at or beyond the lower edge of bin ``i``) sum the raw
+    noisy counts up to the highest bin that clears the noise floor (``visible_top``; the empty
+    bins above it would add only noise), or of every bin when the mass above it is significant
+    (more than ``HIDDEN_SD`` of its noise sds: :func:`hidden_mass`). Edges whose count is at least
+    ``measured_sd`` of its noise sd are measured.
+
+    Returns
+    -------
+    (edges, survival, snr, limit): ``edges[0] = 0``, ``survival[0] = 1``; ``survival`` is made
+    non-increasing and clipped to [0, 1]; ``snr`` the count over its sd at each edge; ``limit`` the
+    detection limit (a survival share that may hide beyond the first edge when nothing is
+    measured; 0 otherwise).
+    """
+    raw = np.asarray(profile.raw_weights, dtype=float)
+    n_bins = raw.size
+    total = float(np.sum(raw))
+    first = np.array([0.0, float(profile.edges[1])])
+    if total <= 0:
+        return first, np.array([1.0, 1.0]), np.array([np.inf, 0.0]), 1.0
+    top = n_bins - 1
+    if visible_top:
+        visible = np.nonzero(profile.weights > 0)[0]
+        top = int(visible[-1]) if visible.size else 0
+        hidden, hidden_sd = hidden_mass(profile, epsilon)
+        if hidden > HIDDEN_SD * hidden_sd:
+            top = n_bins - 1
+        else:
+            raw = np.where(np.arange(n_bins) <= top, raw, 0.0)
+    cum = np.cumsum(raw[::-1])[::-1]
+    sd = np.sqrt(2.0 * np.maximum(top + 1 - np.arange(n_bins), 1)) / epsilon
+    idx = np.nonzero((cum >= measured_sd * sd) & (np.arange(n_bins) >= 1))[0]
+    if idx.size == 0:
+        limit = min(measured_sd * float(sd[1]) / total, 1.0) if n_bins > 1 else 1.0
+        return first, np.array([1.0, limit]), np.array([np.inf, measured_sd]), limit
+    last = int(idx[-1])
+    xs = np.concatenate([[0.0], profile.edges[1 : last + 1]])
+    ss = np.minimum.accumulate(np.concatenate([[1.0], np.clip(cum[1 : last + 1] / total, 0.0, 1.0)]))
+    snr = np.concatenate([[np.inf], cum[1 : last + 1] / sd[1 : last + 1]])
+    return xs, ss, snr, 0.0
+
+
+def hidden_mass(profile: "DeviationProfile", epsilon: float) -> tuple[float, float]:
+    """Noisy count in the bins above the highest visible one (see :func:`tail_model`'s
+    ``visible_top``) and its noise standard deviation. Post-processing only."""
+    visible = np.nonzero(profile.weights > 0)[0]
+    top = int(visible[-1]) if visible.size else 0
+    above = profile.raw_weights[top + 1 :]
+    return float(np.sum(above)), math.sqrt(2.0 * max(above.size, 1)) / epsilon
 
 
 def profile_quantile(profile: "DeviationProfile", q: float) -> float:

@@ -2,35 +2,46 @@
 
 The coarse-then-fine structure of Agarwal, Kamath, Majid, Mouzakis, Silver, Ullman 2024
 (Algorithm 1 + Lemma 3.12, Theorem 3.14), with every public scale the paper assumes (the moment
-scale s, the range R) replaced by private estimates on their own persons
-(:mod:`dplib.mean.ranges`). Four stages, each on a fixed hash range of persons:
+scale s, the range R) replaced by private estimates (:mod:`dplib.mean.ranges`). Every stage reads
+**all** of the statistic's persons; the stages compose sequentially (basic composition):
 
-====  =====================  ===============  ===========================================
- #    stage                   persons (share)  mechanism
-====  =====================  ===============  ===========================================
- 1    magnitude range         0.10             thresholded (delta > 0) or pure histogram of
-                                               signed binary magnitudes -> [L, U]
- 2    centre                  0.10             RangeEstimator, bins of (U-L)/8, pure -> c
- 3    deviation profile       0.15             pure histogram of |Y - c| on quarter octaves
-                                               -> radius rho, bias bound, spread
- 4    fine clip-and-noise     0.65             Laplace on (sum trunc(Y - c, rho), w n)
-====  =====================  ===============  ===========================================
+====  =====================  ==========================  =======================================
+ #    stage                   epsilon share               mechanism
+====  =====================  ==========================  =======================================
+ 1    magnitude range         0.04 (retry: + 0.20)        thresholded (delta > 0) or pure histogram
+                                                          of signed binary magnitudes -> [L, U]
+ 2    centre                  0.04                        RangeEstimator on [L - W, U + W], bins of
+                                                          W/8, pure; argmax bin refined by the
+                                                          centroid of its neighbourhood -> c
+ 3    deviation profile       0.10                        pure histogram of |Y - c| on quarter
+                                                          octaves -> tail model, radius rho
+ 4    fine clip-and-noise     the rest (0.82, or 0.62)    Laplace on (sum trunc(Y - c, rho), w n)
+====  =====================  ==========================  =======================================
 
-Budget: ``parallel`` (default): each stage gets the statistic's whole epsilon (stage 1 also its
-delta), valid by parallel composition across disjoint fixed hash ranges under add/remove.
-``sequential``: epsilon shares 1/8, 1/8, 1/4, 1/2 (delta to stage 1), each charged on all persons.
+Stage 1 runs a second time, with a larger share, only when its first run released no bucket (a DP
+outcome: too few persons for the small share). The shares are thus chosen adaptively from
+earlier DP outputs under a fixed total; the statistic never spends more than its (epsilon, delta)
+(basic composition with adaptively chosen parameters whose sum is bounded: a privacy filter,
+Rogers, Roth, Ullman, Vadhan 2016). Shares were tuned on the anchors benchmark
+(``benchmarks/anchors``): the final stage reading every person with most of the budget is what
+brings the error to the level of clamping with well-chosen bounds.
 
-The error bar covers the exact dataset statistic (mean over all persons of each person's mean):
-Laplace noise of stage 4, the sampling of persons into stage 4 (normal approximation with a DP
-upper bound on the spread from stage 3), plus a DP bound on the clipping bias from stage 3.
+Radius: the one that minimises a DP estimate of (clipping bias + Laplace noise) read off the
+deviation profile's tail model (measured survival of ``|Y - c|``, extended beyond what the profile
+measures by the power law fitted to its tail). The error bar covers the exact dataset statistic
+(mean over all persons of each person's mean): Laplace noise of the fine stage (sum and count)
+plus the model's bound on the clipping bias. A fitted tail heavier than ``x^-2`` (infinite
+variance) or persons beyond the profile's top edge set ``tail_flag``: the bar then rests on an
+assumption the data may break, and the release says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
 
+import numpy as np
 
 from dplib.aggregates import Aggregates
 from dplib.budget import Accountant, Budget, Charge, composed_cost
@@ -38,7 +49,8 @@ from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.error_bars import noise_and_sampling_quantile
 from dplib.mean.params import check_moment_order
-from dplib.mean.ranges import choose_radius, deviation_profile, magnitude_range, tail_model, window_center
+from dplib.mean.ranges import HIDDEN_SD, deviation_profile, hidden_mass, magnitude_range, measured_survival, window_center
+from dplib.mean.tails import fit_student_tail, fit_student_tail_binned
 from dplib.mean.univariate import (
     ERROR_LEVEL,
     STATUS_INSUFFICIENT,
@@ -50,42 +62,69 @@ from dplib.mean.univariate import (
 from dplib.mechanisms import NoiseSource
 
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
-ALGORITHM_VERSION = "1"
-STAGES = ("magnitude range", "centre", "deviation profile", "fine clip-and-noise")
-#: The deviation profile spans [bin width / 2**10, range width * 2**6]: quarter octaves, ~80 bins.
-PROFILE_OCTAVES_BELOW = 10
-PROFILE_OCTAVES_ABOVE = 6
-#: The radius is Q_0.98(|Y - c|) * max(2, (n eps)^(1/k)) (measured: 0.9 and 0.95 under-covered
-#: the heavy-tailed sets, benchmarks/error_bar_coverage.py).
-RADIUS_QUANTILE = 0.98
-#: Beyond what the deviation profile measures, the clipping-bias bound assumes the survival of
-#: |Y - c| falls at least like x^-TAIL_POWER (finite variance), or like the fitted power if that is
-#: heavier. 3 and 4 under-covered flights' dep_delay (benchmarks/error_bar_coverage.py).
-TAIL_POWER = 2.0
-#: Overflow share of the deviation profile above which the bias bound is flagged as an assumption.
+ALGORITHM_VERSION = "2"
+STAGE_RANGE = "magnitude range"
+STAGE_RANGE_RETRY = "magnitude range (retry)"
+STAGE_CENTRE = "centre"
+STAGE_PROFILE = "deviation profile"
+STAGE_FINE = "fine clip-and-noise"
+STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_CENTRE, STAGE_PROFILE, STAGE_FINE)
+#: Epsilon shares of the early stages (accuracy only: any shares summing to <= 1 are private).
+RANGE_SHARE = 0.04
+RANGE_RETRY_SHARE = 0.20
+CENTRE_SHARE = 0.04
+PROFILE_SHARE = 0.10
+#: Bins of the centre histogram per width of the private range.
+CENTRE_BINS = 8
+#: Factor on the centre and profile shares when stage 1 needed its retry (small data).
+SMALL_DATA_BOOST = 2.0
+#: The deviation profile spans [W 2^-PROFILE_OCTAVES_BELOW, W 2^PROFILE_OCTAVES_ABOVE] around the
+#: centre, W the width of the private range.
+PROFILE_OCTAVES_BELOW = 8
+PROFILE_OCTAVES_ABOVE = 5
+#: Half-octave bins: fewer bins, less noise in the survival counts than quarter octaves.
+PROFILE_SUB_EDGES = (2.0**0.5,)
+#: Degrees of freedom of the t tail when the profile measures too few tail bins to fit one.
+NU_FALLBACK = 3.0
+#: A survival count of the profile is read as measured at this many noise sds.
+MEASURED_SD = 3.0
+#: Beyond what the profile measures, the tail is taken NU_MARGIN degrees of freedom heavier than
+#: the fitted lower bound, but not heavier than NU_FLOOR unless the fit itself is: sparse far
+#: persons (a few aircraft with one extreme flight) are invisible to a DP histogram, and on real
+#: panels the t fitted to what is visible understated them (benchmarks/anchors: flights delays).
+NU_MARGIN = 2.0
+NU_FLOOR = 2.0
+#: A fitted tail (lower bound on nu) heavier than this (infinite variance) flags the bar.
+FLAG_NU = 2.0
+#: Overflow share of the deviation profile above which the bar is flagged.
 OVERFLOW_WARN = 0.01
+#: Radius candidates per octave in the minimisation of bias + noise.
+RADIUS_GRID_PER_OCTAVE = 16
 
 
 @dataclass(frozen=True)
 class ScaleFreeMeanPlan:
-    """Public plan of the scale-free mean: groups and budgets, fixed before any data is read.
+    """Public plan of the scale-free mean: stages and budgets, fixed before any data is read.
 
     Parameters
     ----------
     budget : Budget
         The statistic's budget. delta > 0: stage 1 uses the thresholded histogram (no bound on
-        magnitudes); delta == 0: stage 1 uses Laplace over ``exponent_range`` (pure DP).
-    budget_mode : {"parallel", "sequential"}
-    fractions : 4 floats summing to 1
-        Shares of the hash range for the four stages.
+        magnitudes), delta split evenly between its first run and its retry; delta == 0:
+        stage 1 uses Laplace over ``exponent_range`` (pure DP).
     range_quantile : float
         Fraction of persons the stage-1 interval must hold (0.9).
-    k : float, default 4
-        Moment order of the radius balance ``rho ~ Q (n eps)^(1/k)`` (>= 2, or inf).
+    k : float or None, default None
+        Degrees of freedom (moment order) the tail beyond what the deviation profile measures
+        may at most have (``>= 2``, or inf): caps the t tail's ``nu``. None: no cap beyond the
+        fit. A smaller ``k`` gives wider radii and bars (more robust to tails heavier than
+        they look); ``k = inf`` is the same as None.
+    range_octaves : int
+        Octaves per bucket of the stage-1 magnitude histogram.
     exponent_range : (int, int)
         Binary exponents of the pure-DP magnitude buckets (public; delta == 0 only).
     group : GroupRange
-        The persons this statistic may read.
+        The persons this statistic may read (all of them, normally).
 
     Raises
     ------
@@ -93,10 +132,8 @@ class ScaleFreeMeanPlan:
     """
 
     budget: Budget
-    budget_mode: Literal["parallel", "sequential"] = "parallel"
-    fractions: tuple[float, float, float, float] = (0.10, 0.10, 0.15, 0.65)
     range_quantile: float = 0.9
-    k: float = 4.0
+    k: float | None = None
     range_octaves: int = 1
     exponent_range: tuple[int, int] = (-40, 60)
     group: GroupRange = ALL_PERSONS
@@ -104,14 +141,12 @@ class ScaleFreeMeanPlan:
     def __post_init__(self) -> None:
         if not isinstance(self.budget, Budget):
             raise InvalidParameterError("budget must be a dplib.budget.Budget")
-        if self.budget_mode not in ("parallel", "sequential"):
-            raise InvalidParameterError(f"budget_mode must be 'parallel' or 'sequential', got {self.budget_mode!r}")
-        fr = tuple(float(f) for f in self.fractions)
-        if len(fr) != 4 or any(f <= 0 for f in fr) or abs(sum(fr) - 1.0) > 1e-9:
-            raise InvalidParameterError(f"fractions must be 4 positive numbers summing to 1, got {self.fractions!r}")
-        if not (0.5 <= self.range_quantile < 1.0):
+        if isinstance(self.range_quantile, bool) or not isinstance(self.range_quantile, (int, float)) or not (
+            0.5 <= self.range_quantile < 1.0
+        ):
             raise InvalidParameterError(f"range_quantile must be in [0.5, 1), got {self.range_quantile!r}")
-        object.__setattr__(self, "k", check_moment_order(self.k))
+        if self.k is not None:
+            object.__setattr__(self, "k", check_moment_order(self.k))
         if isinstance(self.range_octaves, bool) or not isinstance(self.range_octaves, int) or self.range_octaves < 1:
             raise InvalidParameterError(f"range_octaves must be an integer >= 1, got {self.range_octaves!r}")
         lo, hi = self.exponent_range
@@ -120,35 +155,39 @@ class ScaleFreeMeanPlan:
         if not (-1000 < lo < hi < 997):
             raise InvalidParameterError(f"exponent_range must satisfy -1000 < lo < hi < 997, got {self.exponent_range!r}")
 
-    @property
-    def groups(self) -> list[GroupRange]:
-        return self.group.split(self.fractions)
-
-    @property
-    def stage_budgets(self) -> list[Budget]:
-        eps, delta = self.budget.epsilon, self.budget.delta
-        shares = (1.0, 1.0, 1.0, 1.0) if self.budget_mode == "parallel" else (0.125, 0.125, 0.25, 0.5)
-        return [Budget(eps * s, delta if i == 0 else 0.0) for i, s in enumerate(shares)]
-
     def charges(self, prefix: str = "") -> list[Charge]:
-        """The charges, in order (the privacy cost before any data is read)."""
-        out = []
-        for name, g, b in zip(STAGES, self.groups, self.stage_budgets):
-            out.append(Charge(f"{prefix}{name}", b, g if self.budget_mode == "parallel" else self.group))
-        return out
+        """The nominal charges, in order: the privacy cost before any data is read.
+
+        The retry of stage 1 is charged only if it runs, and the centre and profile stages get
+        their largest shares (listed here) only after a retry; what they do not use goes to the
+        fine stage, whose charge is always what is left of the budget. The total is the budget.
+        """
+        eps, delta = self.budget.epsilon, self.budget.delta
+        centre, profile = CENTRE_SHARE * SMALL_DATA_BOOST, PROFILE_SHARE * SMALL_DATA_BOOST
+        fine = 1.0 - RANGE_SHARE - RANGE_RETRY_SHARE - centre - profile
+        parts = [
+            (STAGE_RANGE, RANGE_SHARE, delta / 2.0),
+            (STAGE_RANGE_RETRY, RANGE_RETRY_SHARE, delta / 2.0),
+            (STAGE_CENTRE, centre, 0.0),
+            (STAGE_PROFILE, profile, 0.0),
+            (STAGE_FINE, fine, 0.0),
+        ]
+        return [Charge(f"{prefix}{name}", Budget(eps * share, d), self.group) for name, share, d in parts]
 
     def cost(self) -> Budget:
+        """The composed cost of :meth:`charges` (the statistic's budget)."""
         eps, delta = composed_cost(self.charges())
         return Budget(eps, delta)
 
     def describe(self) -> dict:
+        """Public parameters, JSON-friendly (no data-dependent value)."""
         return {
-            "budget_mode": self.budget_mode,
+            "composition": "sequential; every stage reads all persons",
             "stages": [
-                {"stage": c.stage, "persons": [g.lo, g.hi], "epsilon": c.budget.epsilon, "delta": c.budget.delta}
-                for c, g in zip(self.charges(), self.groups)
+                {"stage": c.stage, "epsilon": c.budget.epsilon, "delta": c.budget.delta} for c in self.charges()
             ],
             "range_quantile": self.range_quantile,
+            "tail_nu_cap": self.k,
             "exponent_range": list(self.exponent_range) if self.budget.delta == 0 else None,
         }
 
@@ -156,6 +195,25 @@ class ScaleFreeMeanPlan:
 def _insufficient(reason: str, accountant: Accountant, start: int, params: dict) -> MeanRelease:
     eps, delta = composed_cost(accountant.charges[start:])
     return MeanRelease(STATUS_INSUFFICIENT, None, None, ERROR_LEVEL, f"none: {reason}", None, eps, delta, params)
+
+
+def balanced_radius(model, low: float, high: float, n_eps: float, centre_error: float) -> float:
+    """Radius minimising ``model.bias(rho) + (rho + w(rho)) / n_eps`` on a log grid in [low, high].
+
+    ``n_eps`` is a DP estimate of the number of persons times the fine stage's epsilon, ``w`` the
+    count weight of :func:`~dplib.mean.univariate.count_weight`. Post-processing only.
+    """
+    octaves = max(math.log2(high / low), 1.0)
+    grid = low * 2.0 ** (np.arange(int(octaves * RADIUS_GRID_PER_OCTAVE) + 1) / RADIUS_GRID_PER_OCTAVE)
+    n_eps = max(n_eps, 1.0)
+    best, best_cost = float(grid[-1]), math.inf
+    for rho in grid:
+        rho = float(rho)
+        w = count_weight(rho, min(centre_error, rho))
+        cost = model.bias(rho) + (rho + w) / n_eps
+        if cost < best_cost:
+            best, best_cost = rho, cost
+    return best
 
 
 def scale_free_person_mean(
@@ -171,6 +229,7 @@ def scale_free_person_mean(
     Parameters
     ----------
     backend : Aggregates
+        Exact aggregates over person summaries (numpy or Spark backend).
     column : str
     plan : ScaleFreeMeanPlan
     noise : NoiseSource
@@ -181,7 +240,9 @@ def scale_free_person_mean(
     -------
     MeanRelease
         Estimate (data units) with a 90% error bar for the exact dataset statistic, or
-        ``INSUFFICIENT_DATA`` when stage 1 releases no bucket.
+        ``INSUFFICIENT_DATA`` when stage 1 releases no bucket in either run.
+        ``parameters["tail_flag"]`` is True when the bar rests on a tail assumption the
+        deviation profile could not confirm.
 
     Raises
     ------
@@ -190,9 +251,10 @@ def scale_free_person_mean(
 
     Privacy
     -------
-    Add/remove one person. Stage 1 is (eps1, delta)-DP, stages 2-4 eps_i-DP, each on its own fixed
-    hash range; all later parameters are post-processing of earlier DP outputs. Parallel mode:
-    (eps, delta) overall; sequential: sum of the shares.
+    Add/remove one person. Stage 1 is (eps1, delta/2)-DP per run, stages 2-4 eps_i-DP, all on the
+    same persons; every later parameter (window, bins, radius, shares) is post-processing of
+    earlier DP outputs, and the epsilons of the stages that run sum to at most the budget's:
+    (epsilon, delta)-DP overall by basic composition.
 
     References
     ----------
@@ -200,68 +262,91 @@ def scale_free_person_mean(
     histograms for the range; ``docs/privacy/person_level_mean.md``.
     """
     accountant = accountant if accountant is not None else Accountant(plan.budget)
-    charges = plan.charges(stage_prefix)
-    accountant.check(charges)
+    charges = {c.stage[len(stage_prefix):]: c for c in plan.charges(stage_prefix)}
+    accountant.check(list(charges.values()))
     start = len(accountant.charges)
     params = plan.describe()
-    g_range, g_centre, g_profile, g_fine = plan.groups
-    b_range, b_centre, b_profile, b_fine = plan.stage_budgets
+    eps_total = plan.budget.epsilon
+    group = plan.group
 
-    def charge(i: int) -> None:
-        accountant.charge(charges[i].stage, charges[i].budget, charges[i].group)
+    def charge(stage: str, epsilon: float | None = None) -> Budget:
+        c = charges[stage]
+        budget = c.budget if epsilon is None else Budget(epsilon, c.budget.delta)
+        accountant.charge(c.stage, budget, c.group)
+        return budget
 
-    # 1. magnitude range
-    charge(0)
+    # 1. magnitude range (a retry with a larger share only if the first run released nothing)
+    b = charge(STAGE_RANGE)
     rng_out = magnitude_range(
-        backend, column, g_range, b_range.epsilon, b_range.delta, noise, plan.range_quantile, plan.exponent_range,
-        plan.range_octaves,
+        backend, column, group, b.epsilon, b.delta, noise, plan.range_quantile, plan.exponent_range, plan.range_octaves
     )
+    retried = rng_out is None
+    if retried:
+        b = charge(STAGE_RANGE_RETRY)
+        rng_out = magnitude_range(
+            backend, column, group, b.epsilon, b.delta, noise, plan.range_quantile, plan.exponent_range,
+            plan.range_octaves,
+        )
     if rng_out is None:
         return _insufficient(
             "no magnitude bucket passed the threshold (too few persons for the scale-free estimator "
-            "at this budget: it needs roughly 1,000/epsilon persons; or declare options.scale)",
+            "at this budget: it needs roughly 50/epsilon persons in one octave; or declare options.scale)",
             accountant, start, params,
         )
     lower, upper = rng_out.lower, rng_out.upper
-    params.update({"range_lower": lower, "range_upper": upper})
+    width = upper - lower
+    params.update({"range_lower": lower, "range_upper": upper, "range_retried": retried})
+
+    # Small data (the retry ran): the centre and the profile get larger shares (chosen from a DP
+    # outcome, within the fixed total).
+    boost = SMALL_DATA_BOOST if retried else 1.0
 
     # 2. centre
-    charge(1)
-    center, bin_width = window_center(backend, column, g_centre, b_centre.epsilon, noise, lower, upper)
-    width = upper - lower
+    b_centre = charge(STAGE_CENTRE, eps_total * CENTRE_SHARE * boost)
+    bins = CENTRE_BINS
+    center, bin_width = window_center(backend, column, group, b_centre.epsilon, noise, lower, upper, bins, refine=True)
     params.update({"coarse_center": center, "bin_width": bin_width})
 
-    # 3. deviation profile -> radius, bias bound, spread
-    charge(2)
-    profile = deviation_profile(
-        backend, column, g_profile, b_profile.epsilon, noise, center, low=bin_width * 2.0**-PROFILE_OCTAVES_BELOW, high=width * 2.0**PROFILE_OCTAVES_ABOVE
-    )
-    n_profile = max(profile.total, 1.0)
-    n_fine_hat = n_profile * g_fine.fraction / g_profile.fraction
-    model = tail_model(profile, b_profile.epsilon, TAIL_POWER)
-    rho = choose_radius(profile, n_fine_hat * b_fine.epsilon, plan.k, RADIUS_QUANTILE)
-    bias_bound = model.bias(rho)
-    # the clipped person means lie within rho of the centre: their variance is at most rho^2
-    spread_ratio = model.second_moment_ratio(rho)  # E[min(|Y-c|, rho)^2] / rho^2
+    centre_error = bin_width / 4.0  # a guess of |mean - centre| (accuracy only)
 
-    # 4. fine clip-and-noise
-    charge(3)
-    c = count_weight(rho, min(1.5 * bin_width, rho))
-    fine = centred_clip_and_noise(backend, column, center, rho, c, g_fine, b_fine.epsilon, noise)
+    # 3. deviation profile -> tail model
+    b_profile = charge(STAGE_PROFILE, eps_total * PROFILE_SHARE * boost)
+    low, high = width * 2.0**-PROFILE_OCTAVES_BELOW, width * 2.0**PROFILE_OCTAVES_ABOVE
+    profile = deviation_profile(
+        backend, column, group, b_profile.epsilon, noise, center, low=low, high=high, sub_edges=PROFILE_SUB_EDGES
+    )
+    xs, ss, snr, limit = measured_survival(profile, b_profile.epsilon, MEASURED_SD, visible_top=True)
+    if limit > 0:  # nothing measured beyond the first edge: the fallback tail from the detection limit
+        model = fit_student_tail(xs, ss, snr, NU_FALLBACK)
+    else:
+        model = fit_student_tail_binned(profile.edges, profile.raw_weights, b_profile.epsilon, NU_FALLBACK, xs, ss)
+    fitted_nu = model.nu_lower
+    nu_used = max(fitted_nu - NU_MARGIN, min(fitted_nu, NU_FLOOR))
+    if plan.k is not None:  # the user's moment order caps how light the tail may be taken
+        nu_used = min(nu_used, plan.k)
+    model = dataclasses.replace(model, nu_lower=nu_used)
+    hidden, hidden_sd = hidden_mass(profile, b_profile.epsilon)
+
+    # 4. fine clip-and-noise, with what is left of the budget
+    spent_eps, _ = composed_cost(accountant.charges[start:])
+    eps_fine = eps_total - spent_eps
+    n_hat = max(rng_out.noisy_total, profile.total, 1.0)
+    rho = balanced_radius(model, bin_width / 4.0, 2.0 * high, n_hat * eps_fine, centre_error)
+    bias_bound = model.bias(rho)
+    b_fine = charge(STAGE_FINE, eps_fine)
+    c = count_weight(rho, min(centre_error, rho))
+    fine = centred_clip_and_noise(backend, column, center, rho, c, group, b_fine.epsilon, noise)
     n_noisy, denom, deviation, estimate, scale = fine.n_noisy, fine.denom, fine.deviation, fine.estimate, fine.scale
 
-    # error bar: (e_S - d e_N)/N~  +  split sampling  +  clipping-bias bound
-    n_all_hat = max(denom / g_fine.fraction, denom)
-    sampling_sd = rho * math.sqrt(max(spread_ratio, 0.0) * max(1.0 / denom - 1.0 / n_all_hat, 0.0))
-    # (order of products chosen so that data near 1e300 do not overflow)
-    half = noise_and_sampling_quantile(scale / denom, (abs(deviation) / c) * (scale / denom), sampling_sd) + bias_bound
+    # error bar: (e_S - d e_N)/N~ + clipping-bias bound (order of products: no overflow near 1e300)
+    half = noise_and_sampling_quantile(scale / denom, (abs(deviation) / c) * (scale / denom), 0.0) + bias_bound
     overflow = profile.overflow_share()
+    tail_flag = bool(fitted_nu < FLAG_NU or overflow > OVERFLOW_WARN or hidden > HIDDEN_SD * hidden_sd)
     if not math.isfinite(half):
         half = None
     covers = (
-        "the exact dataset statistic, at 90%: Laplace noise of the fine stage (sum and count), "
-        "sampling of persons into the fine group (normal approximation, DP spread bound) and a DP "
-        "bound on the clipping bias"
+        "the exact dataset statistic, at 90%: Laplace noise of the fine stage (sum and count) and a "
+        "DP bound on the clipping bias"
     )
     if half is None:
         covers = (
@@ -269,10 +354,11 @@ def scale_free_person_mean(
             "measured in it, or a tail heavier than x^-1); the estimate is private but has no honest "
             "error bar"
         )
-    elif overflow > OVERFLOW_WARN:
+    elif tail_flag:
         covers += (
-            "; WARNING: some persons lie beyond the deviation histogram, whose bias is bounded "
-            "assuming they sit within twice its top edge"
+            "; WARNING (tail_flag): the persons' means look heavy-tailed (fitted tail power "
+            f"{fitted_nu:.2g} < {FLAG_NU:g}, or persons beyond the deviation histogram); the bias "
+            "bound assumes that tail continues as fitted, which the data may break"
         )
     eps, delta = composed_cost(accountant.charges[start:])
     params.update(
@@ -281,8 +367,11 @@ def scale_free_person_mean(
             "count_weight": c,
             "noisy_person_count": round(n_noisy, 1),
             "clipping_bias_bound": bias_bound,
-            "sampling_sd": sampling_sd,
+            "tail_nu": round(fitted_nu, 3),
+            "tail_nu_used": round(nu_used, 3),
+            "tail_flag": tail_flag,
             "profile_overflow_share": round(overflow, 4),
+            "fine_epsilon": b_fine.epsilon,
         }
     )
     return MeanRelease(

@@ -142,7 +142,7 @@ def test_error_vs_n_slope_gaussian_noise_regime():
     d = SLOPE_D
     rms_group, rms_pop, radii = [], [], []
     for n in SLOPE_NS:
-        plan = MultivariateMeanPlan(Budget(EPS, DELTA), d, k=math.inf, scales=(1.0,) * d, expected_persons=float(n))
+        plan = MultivariateMeanPlan(Budget(EPS, DELTA), d, k=math.inf, scales=(1.0,) * d, expected_persons=float(n), budget_mode="parallel")
         final = plan.groups[STAGE_FINAL]
         lo, hi = math.floor(final.lo * HASH), math.floor(final.hi * HASH)
         e_group, e_pop = [], []

@@ -93,7 +93,7 @@ def _brute_composed(charges):
 
 @pytest.mark.parametrize("eps, delta", [(1.0, 1e-6), (0.05, 1e-9), (3.0, 0.0)])
 def test_parallel_plan_charges_and_cost(eps, delta):
-    plan = UnivariateMeanPlan(Budget(eps, delta), scale=1.0, range_bound=10.0 if delta == 0 else None)
+    plan = UnivariateMeanPlan(Budget(eps, delta), scale=1.0, range_bound=10.0 if delta == 0 else None, budget_mode="parallel")
     ch = plan.charges()
     assert len(ch) == 2
     assert (ch[0].budget.epsilon, ch[0].budget.delta) == (eps, delta)
@@ -126,7 +126,7 @@ def test_plan_cost_equals_budget(mode):
 
 def test_plan_on_a_sub_range_splits_inside_it():
     g = GroupRange(0.5, 0.9)
-    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0, group=g, coarse_fraction=0.5)
+    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0, group=g, coarse_fraction=0.5, budget_mode="parallel")
     a, b = plan.coarse_group, plan.fine_group
     assert a.lo == 0.5 and b.hi == 0.9 and a.hi == b.lo
     assert a.hi == pytest.approx(0.7, rel=1e-12)
@@ -215,7 +215,7 @@ def test_budget_is_charged_before_noise_is_drawn(mode):
 
 def test_refused_budget_raises_before_any_noise():
     y, gidx = _gaussian_persons(2, 2000)
-    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0)
+    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0, budget_mode="parallel")
     acc = Accountant(Budget(1.0 * (1 - 1e-9), 1e-6))
     noise = RecordingNoise(SeededNoise(0), acc)
     with pytest.raises(BudgetExceededError):
@@ -227,7 +227,7 @@ def test_refused_budget_raises_before_any_noise():
 def test_fine_stage_unaffordable_refuses_before_the_coarse_noise():
     # Enough for the coarse stage, not for the fine one: nothing may be spent or drawn.
     y, gidx = _gaussian_persons(3, 2000)
-    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0)
+    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0, budget_mode="parallel")
     acc = Accountant(Budget(1.0, 1e-6))
     acc.charge("other", Budget(0.5, 0.0), GroupRange(0.6, 1.0))
     noise = RecordingNoise(SeededNoise(0), acc)
@@ -241,7 +241,7 @@ def test_k_inf_with_m_above_one_runs_or_refuses_before_spending():
     # k = inf and m > 1 are both accepted by the plan. The run must either release, or refuse
     # before charging/drawing anything; it must not spend the coarse budget and then fail.
     y, gidx = _gaussian_persons(4, 4000)
-    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0, k=math.inf, m=4)
+    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0, k=math.inf, m=4, budget_mode="parallel")
     acc = Accountant(plan.budget)
     noise = RecordingNoise(SeededNoise(0), acc)
     try:
@@ -262,7 +262,7 @@ def test_k_inf_with_m_above_one_runs_or_refuses_before_spending():
 @pytest.mark.parametrize("where", [0.1, 0.6])  # coarse group / fine group
 def test_single_person_gives_insufficient_data(seed, where):
     agg = NumpyAggregates({"v": np.array([3.0])}, np.array([int(where * HASH)]))
-    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0)
+    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0, budget_mode="parallel")
     acc = Accountant(plan.budget)
     rel = univariate_person_mean(agg, "v", plan, SeededNoise(seed), acc)
     assert rel.status == STATUS_INSUFFICIENT
@@ -274,7 +274,7 @@ def test_single_person_gives_insufficient_data(seed, where):
 
 def test_empty_data_gives_insufficient_data():
     agg = NumpyAggregates({"v": np.array([])}, np.array([], dtype=np.int64))
-    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0)
+    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0, budget_mode="parallel")
     noise = RecordingNoise(SeededNoise(0))
     rel = univariate_person_mean(agg, "v", plan, noise)
     assert rel.status == STATUS_INSUFFICIENT and rel.estimate is None
@@ -282,7 +282,7 @@ def test_empty_data_gives_insufficient_data():
 
 def test_all_nan_persons_give_insufficient_data():
     agg = NumpyAggregates({"v": np.full(500, np.nan)}, np.arange(500) * (HASH // 500))
-    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0)
+    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0, budget_mode="parallel")
     rel = univariate_person_mean(agg, "v", plan, SeededNoise(0))
     assert rel.status == STATUS_INSUFFICIENT and rel.estimate is None
 
@@ -304,7 +304,7 @@ def _count_weight(rho, u):
 def test_approximate_dp_stage_inputs_and_estimate(seed):
     eps, delta = 1.0, 1e-6
     y, gidx = _gaussian_persons(100 + seed, 20000)
-    plan = UnivariateMeanPlan(Budget(eps, delta), scale=1.0, k=4)
+    plan = UnivariateMeanPlan(Budget(eps, delta), scale=1.0, k=4, budget_mode="parallel")
     noise = RecordingNoise(SeededNoise(seed))
     rel = univariate_person_mean(NumpyAggregates({"v": y}, gidx), "v", plan, noise)
     assert rel.status == STATUS_OK
@@ -372,7 +372,7 @@ def test_pure_dp_path_noises_every_bin(seed):
     # Extreme persons in the coarse group must land in the edge bins.
     y = np.r_[y, 1e308, -1e308, 50.0]
     gidx = np.r_[gidx, 5, 6, 7]
-    plan = UnivariateMeanPlan(Budget(eps, 0.0), scale=1.0, range_bound=R)
+    plan = UnivariateMeanPlan(Budget(eps, 0.0), scale=1.0, range_bound=R, budget_mode="parallel")
     noise = RecordingNoise(SeededNoise(seed))
     rel = univariate_person_mean(NumpyAggregates({"v": y}, gidx), "v", plan, noise)
     r = C_R4
@@ -426,3 +426,14 @@ def test_diff_of_laplace_quantile_closed_forms():
     assert math.exp(-t) * (1 + t / 2) == pytest.approx(0.1, rel=1e-9)
     # Symmetric in its two scales.
     assert noise_and_sampling_quantile(1.0, 0.3, 0.0, 0.9) == pytest.approx(noise_and_sampling_quantile(0.3, 1.0, 0.0, 0.9), rel=1e-9)
+
+
+def test_sequential_default_reads_all_persons_in_both_stages():
+    """The default (sequential) plan: both stages read the statistic's whole group, epsilon/2
+    each; the fine stage's noise no longer sits on a hash range of the persons."""
+    plan = UnivariateMeanPlan(Budget(1.0, 1e-6), scale=1.0)
+    assert plan.budget_mode == "sequential"
+    assert plan.coarse_group == ALL_PERSONS and plan.fine_group == ALL_PERSONS
+    ch = plan.charges()
+    assert [(c.budget.epsilon, c.group) for c in ch] == [(0.5, ALL_PERSONS), (0.5, ALL_PERSONS)]
+    assert composed_cost(ch) == pytest.approx((1.0, 1e-6))

@@ -19,7 +19,16 @@ from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import BudgetExceededError, InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.error_bars import noise_and_sampling_quantile
-from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
+from dplib.mean.scale_free import (
+    STAGE_CENTRE,
+    STAGE_FINE,
+    STAGE_PROFILE,
+    STAGE_RANGE,
+    STAGE_RANGE_RETRY,
+    STAGES,
+    ScaleFreeMeanPlan,
+    scale_free_person_mean,
+)
 from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK
 from dplib.mechanisms import SeededNoise
 
@@ -62,17 +71,9 @@ def _gaussian_backend(seed: int, n: int = 3000, mean: float = 3.0, sd: float = 2
 @pytest.mark.parametrize(
     "kwargs,name",
     [
-        ({"fractions": (0.5, 0.5)}, "fractions"),
-        ({"fractions": (0.1, 0.1, 0.15, 0.66)}, "fractions"),
-        ({"fractions": (0.0, 0.2, 0.3, 0.5)}, "fractions"),
-        ({"fractions": (-0.1, 0.3, 0.3, 0.5)}, "fractions"),
-        ({"fractions": (0.1, 0.1, 0.15, 0.65, 0.0)}, "fractions"),
         ({"range_quantile": 0.4}, "range_quantile"),
         ({"range_quantile": 1.0}, "range_quantile"),
         ({"range_quantile": math.nan}, "range_quantile"),
-        ({"budget_mode": "serial"}, "budget_mode"),
-        ({"budget_mode": "PARALLEL"}, "budget_mode"),
-        ({"budget_mode": None}, "budget_mode"),
         ({"exponent_range": (5, 5)}, "exponent_range"),
         ({"exponent_range": (6, 5)}, "exponent_range"),
         ({"exponent_range": (-1000, 0)}, "exponent_range"),
@@ -109,9 +110,16 @@ def test_plan_rejects_unusable_integers(kwargs, name):
 
 
 def test_plan_accepts_valid_parameters():
-    plan = ScaleFreeMeanPlan(Budget(0.5, 0.0), "sequential", (0.25, 0.25, 0.25, 0.25), 0.5, 2.0, exponent_range=(-999, 996))
-    assert plan.budget_mode == "sequential"
-    ScaleFreeMeanPlan(DEFAULT_BUDGET, k=math.inf)
+    plan = ScaleFreeMeanPlan(Budget(0.5, 0.0), 0.5, 2.0, exponent_range=(-999, 996))
+    assert plan.k == 2.0 and plan.range_quantile == 0.5
+    assert ScaleFreeMeanPlan(DEFAULT_BUDGET, k=math.inf).k == math.inf
+    assert ScaleFreeMeanPlan(DEFAULT_BUDGET).k is None
+
+
+def test_budget_mode_is_gone():
+    """The scale-free mean has one composition (sequential, all persons): no budget_mode."""
+    with pytest.raises(TypeError):
+        ScaleFreeMeanPlan(DEFAULT_BUDGET, budget_mode="parallel")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -120,34 +128,26 @@ def test_plan_accepts_valid_parameters():
 
 
 @pytest.mark.parametrize("budget", [Budget(1.0, 1e-6), Budget(0.3, 0.0), Budget(2.5, 1e-9)], ids=str)
-@pytest.mark.parametrize("mode", ["parallel", "sequential"])
 @pytest.mark.parametrize("group", [ALL_PERSONS, GroupRange(0.5, 0.9)], ids=str)
-def test_plan_cost_equals_budget(budget, mode, group):
-    plan = ScaleFreeMeanPlan(budget, mode, group=group)
+def test_plan_cost_equals_budget(budget, group):
+    plan = ScaleFreeMeanPlan(budget, group=group)
     charges = plan.charges()
     eps, delta = composed_cost(charges)
     assert eps == pytest.approx(budget.epsilon, rel=1e-12)
     assert delta == pytest.approx(budget.delta, rel=1e-12, abs=0.0)
     assert plan.cost().epsilon == pytest.approx(budget.epsilon, rel=1e-12)
-    assert len(charges) == 4
-    # delta goes to stage 1 only
-    assert [c.budget.delta for c in charges] == [budget.delta, 0.0, 0.0, 0.0]
-    groups = plan.groups
-    # consecutive, disjoint stage ranges covering the statistic's group, shares as planned
-    assert groups[0].lo == group.lo and groups[-1].hi == group.hi
-    assert all(a.hi == b.lo for a, b in zip(groups, groups[1:]))
-    for g, f in zip(groups, plan.fractions):
-        assert g.fraction == pytest.approx(f * group.fraction, rel=1e-9)
-    if mode == "parallel":
-        assert [c.group for c in charges] == groups
-        assert all(c.budget.epsilon == pytest.approx(budget.epsilon) for c in charges)
-    else:
-        assert all(c.group == group for c in charges)
-        assert math.fsum(c.budget.epsilon for c in charges) == pytest.approx(budget.epsilon, rel=1e-12)
+    assert [c.stage for c in charges] == list(STAGES)
+    # delta split between stage 1 and its retry; every stage reads the statistic's persons
+    assert [c.budget.delta for c in charges] == [budget.delta / 2, budget.delta / 2, 0.0, 0.0, 0.0]
+    assert all(c.group == group for c in charges)
+    # the nominal shares: stage 1, its retry, then the small-data (largest) centre/profile shares
+    shares = [c.budget.epsilon / budget.epsilon for c in charges]
+    assert shares[:4] == pytest.approx([0.04, 0.20, 0.08, 0.20])
+    assert math.fsum(shares) == pytest.approx(1.0, rel=1e-12)
 
 
-def test_parallel_plan_fits_beside_a_disjoint_statistic():
-    """Two parallel-mode statistics on disjoint halves both fit in one epsilon."""
+def test_plans_on_disjoint_groups_fit_in_one_budget():
+    """Two statistics on disjoint hash ranges compose in parallel (across statistics)."""
     acc = Accountant(Budget(1.0, 1e-6))
     for half in (GroupRange(0.0, 0.5), GroupRange(0.5, 1.0)):
         acc.check(ScaleFreeMeanPlan(Budget(1.0, 1e-6), group=half).charges())
@@ -162,23 +162,36 @@ def test_parallel_plan_fits_beside_a_disjoint_statistic():
 
 
 @pytest.mark.parametrize("budget", [Budget(1.0, 1e-6), Budget(1.0, 0.0)], ids=["approx", "pure"])
-@pytest.mark.parametrize("mode", ["parallel", "sequential"])
-def test_each_stage_charged_before_its_noise(budget, mode):
+def test_each_stage_charged_before_its_noise(budget):
     backend, _, _ = _gaussian_backend(1, n=20000)
-    plan = ScaleFreeMeanPlan(budget, mode)
+    plan = ScaleFreeMeanPlan(budget)
     acc = Accountant(budget)
     noise = SnapshotNoise(5, acc)
     rel = scale_free_person_mean(backend, "v", plan, noise, acc, stage_prefix="x: ")
     assert rel.status == STATUS_OK
-    assert len(noise.snapshots) == 4
-    for i, seen in enumerate(noise.snapshots):
-        assert seen >= i + 1, f"noise call {i} drawn before its stage was charged"
+    # 20,000 persons: stage 1 passes at once (no retry): range, centre, profile, fine
     assert noise.snapshots == [1, 2, 3, 4]
-    assert [c.stage for c in acc.charges] == [c.stage for c in plan.charges("x: ")]
-    assert all(c.stage.startswith("x: ") for c in acc.charges)
-    assert (rel.epsilon, rel.delta) == pytest.approx((budget.epsilon, budget.delta))
-    # the fine stage releases exactly two numbers (sum and weighted count)
+    assert [c.stage for c in acc.charges] == ["x: " + s for s in (STAGE_RANGE, STAGE_CENTRE, STAGE_PROFILE, STAGE_FINE)]
+    assert [c.budget.epsilon for c in acc.charges[:3]] == pytest.approx([0.04, 0.04, 0.10])
+    # the fine stage gets exactly what is left; the run spends the whole budget
+    assert (rel.epsilon, rel.delta) == pytest.approx((budget.epsilon, budget.delta / 2 if budget.delta else 0.0))
+    assert rel.epsilon == pytest.approx(budget.epsilon, rel=1e-12)
     assert noise.sizes[-1] == 2
+
+
+def test_small_data_retries_stage_one_and_boosts_its_shares():
+    """300 persons: the first range histogram (epsilon 0.04) cannot pass its threshold
+    (1 + ln(1/delta)/0.04 ~ 346 > 300), so the retry runs, and centre and profile get twice
+    their shares; the total is still the budget."""
+    backend, y, _ = _gaussian_backend(4, n=300)
+    acc = Accountant(DEFAULT_BUDGET)
+    noise = SnapshotNoise(3, acc)
+    rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), noise, acc)
+    assert rel.status == STATUS_OK
+    assert [c.stage for c in acc.charges] == [STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_CENTRE, STAGE_PROFILE, STAGE_FINE]
+    assert [c.budget.epsilon for c in acc.charges] == pytest.approx([0.04, 0.20, 0.08, 0.20, 0.48])
+    assert (rel.epsilon, rel.delta) == pytest.approx((1.0, 1e-6))
+    assert rel.parameters["range_retried"] is True
 
 
 @pytest.mark.parametrize(
@@ -190,18 +203,17 @@ def test_each_stage_charged_before_its_noise(budget, mode):
         (Budget(1.0, 1e-6), [Charge("other", Budget(0.1), GroupRange(0.95, 1.0))]),
     ],
 )
-@pytest.mark.parametrize("mode", ["parallel", "sequential"])
-def test_too_small_accountant_refuses_before_any_noise(limit, pre, mode):
+def test_too_small_accountant_refuses_before_any_noise(limit, pre):
     backend, _, _ = _gaussian_backend(2)
     acc = Accountant(limit, list(pre))
     noise = SnapshotNoise(0, acc)
     with pytest.raises(BudgetExceededError):
-        scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(Budget(1.0, 1e-6), mode), noise, acc)
+        scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(Budget(1.0, 1e-6)), noise, acc)
     assert noise.snapshots == []
     assert acc.charges == list(pre)
 
 
-def test_disjoint_earlier_charge_does_not_block_parallel_plan():
+def test_disjoint_earlier_charge_does_not_block_a_plan_on_other_persons():
     backend, _, _ = _gaussian_backend(3)
     acc = Accountant(Budget(1.0, 1e-6), [Charge("other", Budget(1.0, 1e-6), GroupRange(0.5, 1.0))])
     rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(Budget(1.0, 1e-6), group=GroupRange(0.0, 0.5)), SeededNoise(1), acc)
@@ -267,19 +279,19 @@ def test_constant_data_has_finite_error_bar(value):
         assert rel.error_bar is not None and math.isfinite(rel.error_bar), rel.error_covers
 
 
-@pytest.mark.parametrize("stage", range(4))
+@pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("extreme", [1e308, -1e308])
-def test_one_extreme_person(stage, extreme):
-    """One person at +-1e308 among 3000 N(0, 1) persons, placed in each stage's hash range."""
-    rng = np.random.default_rng([5, stage, extreme > 0])
+def test_one_extreme_person(seed, extreme):
+    """One person at +-1e308 among 3000 N(0, 1) persons: clipped, the release stays near the
+    others' mean (its influence is at most the radius / n)."""
+    rng = np.random.default_rng([5, seed, extreme > 0])
     n = 3000
     y = rng.normal(0.0, 1.0, size=n + 1)
     gi = rng.integers(0, 2**32, size=n + 1)
     plan = ScaleFreeMeanPlan(DEFAULT_BUDGET)
-    g = plan.groups[stage]
-    y[0], gi[0] = extreme, int((g.lo + g.hi) / 2 * 2**32)
+    y[0] = extreme
     others = float(np.mean(y[1:]))
-    rel = scale_free_person_mean(NumpyAggregates({"v": y}, gi), "v", plan, SeededNoise(stage))
+    rel = scale_free_person_mean(NumpyAggregates({"v": y}, gi), "v", plan, SeededNoise(seed))
     assert rel.status == STATUS_OK
     assert abs(rel.estimate - others) < 0.5
     assert rel.error_bar is not None and math.isfinite(rel.error_bar)
@@ -287,15 +299,14 @@ def test_one_extreme_person(stage, extreme):
 
 
 @pytest.mark.parametrize("n", [0, 1])
-@pytest.mark.parametrize("mode,stage1_eps", [("parallel", 1.0), ("sequential", 0.125)])
-def test_insufficient_data_reports_charged_budget(n, mode, stage1_eps):
+def test_insufficient_data_reports_charged_budget(n):
     backend = NumpyAggregates({"v": np.full(n, 4.0)}, np.full(n, 7, dtype=np.int64))
     acc = Accountant(DEFAULT_BUDGET)
-    rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET, mode), SeededNoise(0), acc)
+    rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(0), acc)
     assert rel.status == STATUS_INSUFFICIENT
     assert rel.estimate is None and rel.error_bar is None
-    assert len(acc.charges) == 1  # stage 1 only
-    assert rel.epsilon == pytest.approx(stage1_eps)
+    assert [c.stage for c in acc.charges] == [STAGE_RANGE, STAGE_RANGE_RETRY]  # stage 1 and its retry
+    assert rel.epsilon == pytest.approx(0.04 + 0.20)
     assert rel.delta == pytest.approx(1e-6)
 
 

@@ -1,0 +1,205 @@
+"""A Student-t tail model of the person means' deviations, fitted to a DP deviation profile.
+
+The radius of the fine clip-and-noise stage trades the clipping bias, which depends on how far the
+persons' means reach beyond it, against the Laplace noise, which grows with it. The private
+deviation profile (:func:`dplib.mean.ranges.deviation_profile`) measures the survival
+``S(x) = P(|Y - c| >= x)`` only where enough persons lie; beyond that, a model must say how the
+tail goes on. A power law fitted where the profile stops measuring overstates light tails (a
+Gaussian's log-log slope keeps steepening) and so gives radii several standard deviations too
+wide. The Student-t family spans both cases: its survival is a power law of power ``nu`` far
+out and tends to the Gaussian's as ``nu`` grows.
+
+:func:`fit_student_tail` fits ``|Y - c| / s ~ |t_nu|`` to the measured survival points (weighted
+least squares on ``log S``, weights the points' signal-to-noise ratios) and takes, beyond the
+last measured edge ``x*``, ``S(x) = S(x*) S_t(x / s) / S_t(x* / s)``. ``nu_lower`` is the smallest
+``nu`` whose best fit is within one unit of the minimum weighted residual (a one-sd profile
+bound): the radius and the bias bound use it, so a tail the profile cannot tell apart from a
+heavier one is treated as the heavier one. Everything here is post-processing of DP outputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize, stats
+
+#: Degrees of freedom searched (a t with nu = 1000 is a Gaussian for every radius we choose).
+NU_MIN = 0.5
+NU_MAX = 1000.0
+#: Points of the measured survival used in the fit: those with S <= FIT_MAX_SURVIVAL.
+FIT_MAX_SURVIVAL = 0.5
+MIN_FIT_POINTS = 3
+#: Cap on a point's weight (its SNR), so that the bulk does not swamp the tail points.
+MAX_WEIGHT = 30.0
+
+
+def _nu(log_nu: float) -> float:
+    return math.exp(min(max(float(log_nu), math.log(NU_MIN)), math.log(NU_MAX)))
+
+
+def t_abs_survival(u: np.ndarray | float, nu: float) -> np.ndarray:
+    """``P(|T| >= u)`` for ``T ~ t_nu``."""
+    return 2.0 * stats.t.sf(u, nu)
+
+
+def t_abs_excess(u: float, nu: float) -> float:
+    """``E[(|T| - u)+] = integral_u^inf P(|T| >= x) dx`` for ``T ~ t_nu``, ``u >= 0``; inf for nu <= 1.
+
+    Closed form: ``2 [ (nu + u^2) / (nu - 1) f_nu(u) - u S_nu(u) ]`` (f, S the density and
+    upper tail of ``t_nu``).
+    """
+    if nu <= 1.0:
+        return math.inf
+    val = 2.0 * ((nu + u * u) / (nu - 1.0) * stats.t.pdf(u, nu) - u * stats.t.sf(u, nu))
+    return max(float(val), 0.0)
+
+
+@dataclass(frozen=True)
+class StudentTail:
+    """Survival of ``|Y - c|``: measured steps up to ``x* = edges[-1]``, then a scaled t tail.
+
+    Attributes
+    ----------
+    edges, survival : ndarray
+        Measured edges (increasing, first 0) and the noisy survival at them (non-increasing).
+    scale, nu : float
+        The fitted t (data units, degrees of freedom).
+    nu_lower : float
+        One-sd lower bound on ``nu``; the tail beyond ``x*`` uses it.
+    fitted : bool
+        False when the profile measured too few tail points: ``nu`` is then the fallback.
+    """
+
+    edges: np.ndarray
+    survival: np.ndarray
+    scale: float
+    nu: float
+    nu_lower: float
+    fitted: bool
+
+    def bias(self, radius: float) -> float:
+        """Model bound on ``E[(|Y - c| - radius)+]``, data units (the largest clipping bias)."""
+        xs, ss = self.edges, self.survival
+        total = 0.0
+        for j in range(len(xs) - 1):
+            lo, hi = max(float(xs[j]), radius), float(xs[j + 1])
+            if hi > lo:
+                total += float(ss[j]) * (hi - lo)
+        x_star, s_star = float(xs[-1]), float(ss[-1])
+        if s_star <= 0:
+            return total
+        nu = self.nu_lower
+        if nu <= 1.0:
+            return math.inf
+        u_star = x_star / self.scale
+        u = max(radius, x_star) / self.scale
+        base = float(t_abs_survival(u_star, nu))
+        if base <= 0:
+            return total
+        return total + s_star * self.scale * t_abs_excess(u, nu) / base
+
+
+def _objective(theta: np.ndarray, lx: np.ndarray, ly: np.ndarray, w: np.ndarray, nu_fixed: float | None) -> float:
+    ls = theta[0]
+    nu = nu_fixed if nu_fixed is not None else _nu(theta[1])
+    model = np.log(np.maximum(t_abs_survival(np.exp(lx - ls), nu), 1e-300))
+    return float(np.sum((w * (ly - model)) ** 2))
+
+
+def fit_student_tail(edges: np.ndarray, survival: np.ndarray, snr: np.ndarray, fallback_nu: float) -> StudentTail:
+    """Fit :class:`StudentTail` to measured survival points (post-processing only).
+
+    Parameters
+    ----------
+    edges, survival, snr : ndarray, same length
+        Measured edges (first 0), their noisy survival (non-increasing, ``survival[0] = 1``) and
+        the signal-to-noise ratio of each survival count.
+    fallback_nu : float
+        ``nu`` (and ``nu_lower``) when fewer than :data:`MIN_FIT_POINTS` points have
+        ``0 < S <= FIT_MAX_SURVIVAL``; the scale is then the last measured edge over the t's
+        quantile at the last measured survival.
+    """
+    xs, ss, snr = np.asarray(edges, float), np.asarray(survival, float), np.asarray(snr, float)
+    pick = np.nonzero((xs > 0) & (ss > 0) & (ss <= FIT_MAX_SURVIVAL))[0]
+    if pick.size < MIN_FIT_POINTS:
+        x_star, s_star = float(xs[-1]), float(ss[-1])
+        if x_star > 0 and 0 < s_star < 1:
+            scale = x_star / float(stats.t.isf(s_star / 2.0, fallback_nu))
+        else:
+            scale = max(x_star, float(xs[1]) if xs.size > 1 else 1.0)
+        return StudentTail(xs, ss, scale, fallback_nu, fallback_nu, False)
+    lx, ly = np.log(xs[pick]), np.log(ss[pick])
+    w = np.minimum(snr[pick], MAX_WEIGHT)
+    start = np.array([float(np.median(lx)), math.log(5.0)])
+    res = optimize.minimize(_objective, start, args=(lx, ly, w, None), method="Nelder-Mead",
+                            options={"xatol": 1e-4, "fatol": 1e-6, "maxiter": 2000})
+    ls_hat, nu_hat = float(res.x[0]), _nu(res.x[1])
+    best = float(res.fun)
+    # one-sd profile bound: the smallest nu whose best scale fits within best + 1
+    nu_lower = nu_hat
+    for nu in np.exp(np.linspace(math.log(nu_hat), math.log(NU_MIN), 40))[1:]:
+        r = optimize.minimize_scalar(lambda a: _objective(np.array([a]), lx, ly, w, float(nu)),
+                                     bounds=(ls_hat - 5.0, ls_hat + 5.0), method="bounded")
+        if float(r.fun) > best + 1.0:
+            break
+        nu_lower = float(nu)
+    return StudentTail(xs, ss, math.exp(ls_hat), nu_hat, nu_lower, True)
+
+
+def _binned_objective(theta, lo, hi, raw, var_floor, nu_fixed=None):
+    # theta[0] is log(scale / lo[0]): scale-free, so a power-of-two rescaling of the data gives
+    # exactly the same optimisation path
+    ls, ln_n = theta[0] + math.log(lo[0]), theta[-1]
+    nu = nu_fixed if nu_fixed is not None else _nu(theta[1])
+    with np.errstate(over="ignore"):
+        s_lo = t_abs_survival(np.exp(np.log(lo) - ls), nu)
+        s_hi = np.where(np.isinf(hi), 0.0, t_abs_survival(np.exp(np.log(np.where(np.isinf(hi), 1.0, hi)) - ls), nu))
+    base = s_lo[0]
+    if base <= 0:
+        return 1e300
+    pred = math.exp(min(ln_n, 700.0)) * (s_lo - s_hi) / base
+    return float(np.sum((raw - pred) ** 2 / (var_floor + np.maximum(pred, 0.0))))
+
+
+def fit_student_tail_binned(edges: np.ndarray, raw: np.ndarray, epsilon: float, fallback_nu: float,
+                            survival_edges: np.ndarray, survival: np.ndarray) -> StudentTail:
+    """Fit the t tail to the raw noisy counts of the profile's bins beyond its median.
+
+    ``edges`` (length ``len(raw) + 1``, last inf) and ``raw`` are the deviation profile's bin
+    edges and noisy counts. The fitted bins start at the first edge where the measured survival
+    is at most :data:`FIT_MAX_SURVIVAL` and run to the top (empty-looking bins too: their noisy
+    counts say the tail ends). Each bin's count is modelled as ``N (S(e_j) - S(e_j+1)) / S(e_0)``
+    with ``S`` the survival of ``s |t_nu|``; weighted least squares with variance
+    ``2 / epsilon^2 + prediction`` (Laplace plus Poisson). Post-processing only.
+    """
+    xs, ss = np.asarray(survival_edges, float), np.asarray(survival, float)
+    start_idx = np.nonzero((xs > 0) & (ss <= FIT_MAX_SURVIVAL))[0]
+    if start_idx.size == 0 or xs.size < 2:
+        return fit_student_tail(xs, ss, np.full(xs.shape, MAX_WEIGHT), fallback_nu)
+    e0 = float(xs[start_idx[0]])
+    j0 = int(np.searchsorted(edges, e0, side="left"))
+    lo, hi, r = edges[j0:-1], edges[j0 + 1:], np.asarray(raw[j0:], float)
+    if lo.size < MIN_FIT_POINTS:
+        return fit_student_tail(xs, ss, np.full(xs.shape, MAX_WEIGHT), fallback_nu)
+    var_floor = 2.0 / epsilon**2
+    n_tail = max(float(np.sum(r)), 1.0)
+    best = None
+    for nu0 in (1.5, 4.0, 30.0):
+        start = np.array([0.0, math.log(nu0), math.log(n_tail)])
+        res = optimize.minimize(_binned_objective, start, args=(lo, hi, r, var_floor), method="Nelder-Mead",
+                                options={"xatol": 1e-4, "fatol": 1e-6, "maxiter": 3000})
+        if best is None or res.fun < best.fun:
+            best = res
+    ls_hat, nu_hat = float(best.x[0]) + math.log(lo[0]), _nu(best.x[1])
+    ln_hat, f_best = float(best.x[2]), float(best.fun)
+    nu_lower = nu_hat
+    for nu in np.exp(np.linspace(math.log(nu_hat), math.log(NU_MIN), 30))[1:]:
+        r2 = optimize.minimize(lambda th: _binned_objective(th, lo, hi, r, var_floor, float(nu)),
+                               np.array([ls_hat - math.log(lo[0]), ln_hat]), method="Nelder-Mead",
+                               options={"xatol": 1e-3, "fatol": 1e-4})
+        if float(r2.fun) > f_best + 1.0:
+            break
+        nu_lower = float(nu)
+    return StudentTail(xs, ss, math.exp(ls_hat), nu_hat, nu_lower, True)

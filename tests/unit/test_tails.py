@@ -1,0 +1,99 @@
+"""Unit tests of the Student-t tail model (:mod:`dplib.mean.tails`).
+
+Oracles: numerical integration of the t survival (scipy.integrate.quad) for the closed-form
+excess; exact expected bin counts of known distributions (t, Gaussian, Pareto) for the fit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from dplib.mean.tails import StudentTail, fit_student_tail_binned, t_abs_excess, t_abs_survival
+
+
+@pytest.mark.parametrize("nu", [1.5, 2.0, 3.0, 8.0, 200.0])
+@pytest.mark.parametrize("u", [0.0, 0.5, 2.0, 7.0])
+def test_excess_matches_numerical_integral(nu, u):
+    want, _ = integrate.quad(lambda x: 2.0 * stats.t.sf(x, nu), u, np.inf, limit=200)
+    assert t_abs_excess(u, nu) == pytest.approx(want, rel=1e-6, abs=1e-12)
+
+
+def test_excess_is_infinite_without_a_mean():
+    assert math.isinf(t_abs_excess(3.0, 1.0))
+    assert math.isinf(t_abs_excess(3.0, 0.7))
+
+
+def _edges(low: float, octaves: int) -> np.ndarray:
+    inner = [low * 2.0 ** (j / 2.0) for j in range(2 * octaves + 1)]
+    return np.array([0.0] + inner + [math.inf])
+
+
+def _exact_counts(edges: np.ndarray, survival, n: float) -> np.ndarray:
+    s = np.array([1.0] + [float(survival(e)) for e in edges[1:-1]] + [0.0])
+    return n * (s[:-1] - s[1:])
+
+
+def _fit_exact(survival, n=1e6, epsilon=1e6, low=0.01, octaves=14):
+    """Fit to exact expected counts (noise-free: epsilon huge), as a profile would give."""
+    edges = _edges(low, octaves)
+    raw = _exact_counts(edges, survival, n)
+    cum = np.cumsum(raw[::-1])[::-1]
+    xs = np.concatenate([[0.0], edges[1:-1]])
+    ss = np.minimum(cum[1:] / n, 1.0)
+    ss = np.concatenate([[1.0], ss])[: xs.size]
+    keep = ss > 1e-7  # the measured part: edges with persons beyond them
+    return fit_student_tail_binned(edges, raw, epsilon, 3.0, xs[keep], ss[keep])
+
+
+@pytest.mark.parametrize("nu,scale", [(2.5, 1.0), (4.0, 3.0), (8.0, 0.2)])
+def test_fit_recovers_a_t_tail(nu, scale):
+    model = _fit_exact(lambda x: t_abs_survival(x / scale, nu))
+    assert model.fitted
+    assert model.nu == pytest.approx(nu, rel=0.05)
+    assert model.scale == pytest.approx(scale, rel=0.05)
+
+
+def test_fit_reads_a_gaussian_as_light():
+    model = _fit_exact(lambda x: 2.0 * stats.norm.sf(x / 2.0))
+    assert model.nu > 30.0
+    # its bias bound at 4 sd is far below that of a power law of power 4 through the same
+    # survival at 2 sd (what the earlier tail model extrapolated)
+    s2 = 2.0 * stats.norm.sf(2.0)
+    power_law = s2 * 4.0 * (8.0 / 4.0) ** (1.0 - 4.0) / (4.0 - 1.0)
+    assert model.bias(8.0) < 0.2 * power_law
+
+
+def test_fit_reads_a_pareto_tail_as_heavy():
+    # |Y - c| ~ Lomax(shape 1.5): infinite variance
+    model = _fit_exact(lambda x: (1.0 + x) ** -1.5)
+    assert model.nu < 2.0
+
+
+def test_lower_bound_is_below_the_fit_and_widens_with_noise():
+    # the same t counts with large Laplace noise: the lower bound must fall below the estimate
+    edges = _edges(0.05, 10)
+    raw = _exact_counts(edges, lambda x: t_abs_survival(x, 5.0), 2000.0)
+    rng = np.random.default_rng(3)
+    noisy = raw + rng.laplace(0.0, 10.0, raw.size)
+    cum = np.cumsum(noisy[::-1])[::-1]
+    xs = np.concatenate([[0.0], edges[1:14]])
+    ss = np.minimum.accumulate(np.concatenate([[1.0], np.clip(cum[1:14] / noisy.sum(), 0, 1)]))
+    model = fit_student_tail_binned(edges, noisy, 0.1, 3.0, xs, ss)
+    assert model.nu_lower < model.nu
+
+
+def test_bias_adds_the_measured_steps_and_the_t_tail():
+    xs = np.array([0.0, 1.0, 2.0])
+    ss = np.array([1.0, 0.5, 0.1])
+    model = StudentTail(xs, ss, 1.0, 4.0, 4.0, True)
+    # radius 1.5: measured step [1.5, 2) at S = 0.5, then 0.1 * E[(|T| - 2)+] / S_T(2) beyond 2
+    tail = 0.1 * t_abs_excess(2.0, 4.0) / float(t_abs_survival(2.0, 4.0))
+    assert model.bias(1.5) == pytest.approx(0.5 * 0.5 + tail, rel=1e-12)
+    # beyond x*: only the t part, shifted to the radius
+    far = 0.1 * t_abs_excess(3.0, 4.0) / float(t_abs_survival(2.0, 4.0))
+    assert model.bias(3.0) == pytest.approx(far, rel=1e-12)
+    assert math.isinf(StudentTail(xs, ss, 1.0, 1.0, 1.0, True).bias(3.0))
