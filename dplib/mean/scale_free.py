@@ -311,7 +311,9 @@ def scale_free_person_mean(
 
     # 3. deviation profile -> tail model
     b_profile = charge(STAGE_PROFILE, eps_total * PROFILE_SHARE * boost)
-    low, high = width * 2.0**-PROFILE_OCTAVES_BELOW, width * 2.0**PROFILE_OCTAVES_ABOVE
+    # a total map of the DP range into finite spans (post-processing): no overflow to inf
+    low = max(width * 2.0**-PROFILE_OCTAVES_BELOW, 1e-300)
+    high = min(max(width * 2.0**PROFILE_OCTAVES_ABOVE, 2.0 * low), 1e300)
     profile = deviation_profile(
         backend, column, group, b_profile.epsilon, noise, center, low=low, high=high, sub_edges=PROFILE_SUB_EDGES
     )
@@ -331,7 +333,7 @@ def scale_free_person_mean(
     spent_eps, _ = composed_cost(accountant.charges[start:])
     eps_fine = eps_total - spent_eps
     n_hat = max(rng_out.noisy_total, profile.total, 1.0)
-    rho = balanced_radius(model, bin_width / 4.0, 2.0 * high, n_hat * eps_fine, centre_error)
+    rho = balanced_radius(model, min(bin_width / 4.0, high / 2.0), 2.0 * high, n_hat * eps_fine, centre_error)
     bias_bound = model.bias(rho)
     b_fine = charge(STAGE_FINE, eps_fine)
     c = count_weight(rho, min(centre_error, rho))

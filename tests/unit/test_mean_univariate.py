@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dplib.aggregates import NumpyAggregates
-from dplib.budget import Accountant, Budget
+from dplib.budget import Accountant, Budget, composed_cost
 from dplib.errors import BudgetExceededError, InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.error_bars import noise_and_sampling_quantile
