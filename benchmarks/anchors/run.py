@@ -21,7 +21,7 @@ from benchmarks.anchors import tumult as T
 
 #: PipelineDP's LocalBackend costs ~20 us per row and aggregate here: per cell, PipelineDP method and
 #: bound choice it runs on as many seeds as fit in this many rows (at least 3, at most --seeds).
-PDP_ROWS = {"quick": 600_000, "full": 300_000}
+PDP_ROWS = {"quick": 600_000, "full": 150_000}
 
 
 def _v(pkg: str) -> str:
@@ -33,7 +33,7 @@ def _v(pkg: str) -> str:
 
 def header(args, cells, have_pdp: bool, tumult_msg: str) -> dict:
     meta = {
-        "epsilon": args.epsilon, "delta": args.delta, "seeds": args.seeds, "grid": "full" if args.full else "quick",
+        "epsilon": args.epsilon, "delta": args.delta, "seeds": args.seeds, "grid": ("full+big" if args.big else "full") if args.full else "quick",
         "python": platform.python_version(), "numpy": np.__version__, "pipeline-dp": _v("pipeline-dp"),
         "python-dp": _v("python-dp"), "opendp": _v("opendp"), "tumult": tumult_msg,
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
@@ -131,6 +131,7 @@ def main(argv=None) -> int:
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true", help="a handful of cells, 5 seeds (default)")
     g.add_argument("--full", action="store_true", help="the full grid, 30 seeds")
+    ap.add_argument("--big", action="store_true", help="with --full: add the n = 10^5 multivariate cells")
     ap.add_argument("--seeds", type=int, help="seeds per cell (default 5 quick, 30 full)")
     ap.add_argument("--cells", help="regex on cell names, e.g. 'lomax|flights'")
     ap.add_argument("--json", help="write one JSON line per (cell, method) here")
@@ -140,14 +141,14 @@ def main(argv=None) -> int:
     ap.add_argument("--tumult-seeds", type=int, default=5, help="Tumult runs on the first N seeds (default 5)")
     ap.add_argument("--tumult-max-n", type=int, default=10**4, help="Tumult runs on d = 1 cells with n <= this")
     ap.add_argument("--setup-tumult", action="store_true", help="create benchmarks/anchors/.tumult-venv and exit")
-    ap.add_argument("--pdp-rows", type=int, help="PipelineDP rows per cell, method and bounds (default 600k quick, 300k full)")
+    ap.add_argument("--pdp-rows", type=int, help="PipelineDP rows per cell, method and bounds (default 600k quick, 150k full)")
     ap.add_argument("--list", action="store_true", help="print the cells and exit")
     args = ap.parse_args(argv)
     if args.setup_tumult:
         return T.setup()
     args.seeds = args.seeds or (30 if args.full else 5)
     args.pdp_rows = args.pdp_rows or PDP_ROWS["full" if args.full else "quick"]
-    cells = D.select(D.full_cells() if args.full else D.quick_cells(), args.cells)
+    cells = D.select(D.full_cells(args.big) if args.full else D.quick_cells(), args.cells)
     if args.list:
         print("\n".join(c.name for c in cells))
         return 0
