@@ -25,7 +25,7 @@ from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
 from dplib.mechanisms import SeededNoise
 
 UNIVARIATE = "scale_free_person_mean (ScaleFreeMeanPlan defaults)"
-MULTIVARIATE = "multivariate_person_mean (MultivariateMeanPlan defaults: summary mode, sequential budget on all persons)"
+MULTIVARIATE = "multivariate_person_mean (MultivariateMeanPlan defaults: summary mode, parallel budget on hash ranges)"
 #: What ``error_bar`` covers (printed in the header).
 BAR_NOTE = (
     "univariate: the release's error_bar (covers the exact statistic: noise + a bias bound from the fitted tail); "

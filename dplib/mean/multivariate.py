@@ -12,7 +12,8 @@ All radii are in *normalised units*: coordinate ``j`` of a person mean is divide
 privately on their own persons (stages "coordinate ranges" and "coordinate scales"); the user
 gives no bounds.
 
-Stages (all on the statistic's persons in the default sequential mode):
+Stages (each on its own fixed hash range of the statistic's persons in the default parallel mode;
+all on all persons in sequential mode):
 
 =====================  ==========================================================================
 stage                  mechanism
@@ -29,11 +30,16 @@ coordinate scales      per coordinate, Laplace histogram of ``|Y_j - u_T,j|`` on
 final clip-and-noise   Gaussian on (sum of l2-clipped deviations around u_T, w n) -> estimate
 =====================  ==========================================================================
 
-Budget modes: ``sequential`` (default; every stage reads all persons, (epsilon, delta) split by
-the stage fractions, 60% or more to the final stage, the T layers sharing the TCN share equally)
-and ``parallel`` (library only: each stage on its own fixed hash range gets the whole
-(epsilon, delta); measured worse against the exact dataset statistic: Gaussian d = 4 / 10,
-n = 10^4, 5.9x / 3.2x the d x MEAN anchor against 4.9x / 2.9x sequential). Within a
+Budget modes: ``parallel`` (default: each stage on its own fixed hash range gets the whole
+(epsilon, delta), the T layers on disjoint sub-ranges) and ``sequential`` (every stage reads all
+persons, (epsilon, delta) split by the stage fractions, 60% or more to the final stage, the T
+layers sharing the TCN share equally). Measured (benchmarks/anchors, issue 18): sequential is a
+little more accurate on Gaussian data with 10^4 persons (d = 4 / 10: 4.9x / 2.9x the d x MEAN
+anchor against 5.9x / 3.2x), but its per-coordinate range and coarse histograms, at a few percent
+of epsilon split d ways, fail more often on real panels of ~4,000-6,000 persons (INSUFFICIENT_DATA
+in 20/20 runs on flights d = 4 against 8/10 parallel, as before issue 18; RandHIE d = 4: 11/20
+against 0/10). Parallel stays the default until the multivariate estimator is reworked (issue 18,
+open). Within a
 stage the ``d`` per-coordinate histograms compose by the better of basic and (optimal) advanced
 composition (spec P10; Kairouz-Oh-Viswanath through ``dp_accounting``).
 """
@@ -358,7 +364,7 @@ class MultivariateMeanPlan:
     m: int = 1
     scales: tuple[float, ...] | None = None
     expected_persons: float | None = None
-    budget_mode: Literal["parallel", "sequential"] = "sequential"
+    budget_mode: Literal["parallel", "sequential"] = "parallel"
     fractions: tuple[tuple[str, float], ...] | None = None
     group: GroupRange = ALL_PERSONS
 

@@ -123,7 +123,10 @@ def test_production_noise_job(spark, records, tmp_path, job):
     result = run_job(cfg, spark=spark)  # the production noise source
     rows = {r.statistic: r for r in result.rows}
     assert set(rows) == set(JOBS[job][1])
-    assert result.epsilon_spent == pytest.approx(plan.cost[0]) and result.delta_spent == pytest.approx(plan.cost[1])
+    # epsilon: every statistic spends its share; delta: the scale-free mean's range retry (and its
+    # delta half) runs only on small data, so the realised delta may be below the plan's
+    assert result.epsilon_spent == pytest.approx(plan.cost[0])
+    assert 0.0 <= result.delta_spent <= plan.cost[1] * (1 + 1e-12)
     assert read_delta(result.table_path, {"run_id": result.run_id}).num_rows == len(rows)
     for name, row in rows.items():
         kind = JOBS[job][1][name]["kind"]
