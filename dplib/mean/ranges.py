@@ -434,35 +434,14 @@ def tail_model(
     noise sds (then every bin is summed, as without ``visible_top``).
     """
     fallback = float(k) if fallback is None else min(float(fallback), float(k))
-    raw = profile.raw_weights
-    n_bins = raw.size
-    total = float(np.sum(raw))
-    if total <= 0:
+    if float(np.sum(profile.raw_weights)) <= 0:
         # no persons seen at all: no bound (the bias bound is infinite)
         return TailModel(np.array([0.0, float(profile.edges[1])]), np.array([1.0, 1.0]), 1.0)
-    top = n_bins - 1
-    if visible_top:
-        visible = np.nonzero(profile.weights > 0)[0]
-        top = int(visible[-1]) if visible.size else 0
-        hidden, hidden_sd = hidden_mass(profile, epsilon)
-        if hidden > HIDDEN_SD * hidden_sd:
-            top = n_bins - 1  # significant mass above the visible bins: count every bin
-        else:
-            raw = np.where(np.arange(n_bins) <= top, raw, 0.0)
-    cum = np.cumsum(raw[::-1])[::-1]  # count at or beyond the lower edge of bin i
-    sd = np.sqrt(2.0 * np.maximum(top + 1 - np.arange(n_bins), 1)) / epsilon
-    measured = (cum >= measured_sd * sd) & (np.arange(n_bins) >= 1)
-    idx = np.nonzero(measured)[0]
-    if idx.size == 0:
+    xs, ss, snr, limit = measured_survival(profile, epsilon, measured_sd, visible_top)
+    if limit > 0:
         # Nothing measurable beyond the underflow bin: beyond its edge there may still be up to
-        # the detection limit of persons (MEASURED_SD noise sds); bound the tail from there.
-        limit = min(measured_sd * float(sd[1]) / total, 1.0) if n_bins > 1 else 1.0
-        return TailModel(np.array([0.0, float(profile.edges[1])]), np.array([1.0, limit]), fallback)
-    last = int(idx[-1])
-    xs = np.concatenate([[0.0], profile.edges[1 : last + 1]])
-    ss = np.concatenate([[1.0], np.clip(cum[1 : last + 1] / total, 0.0, 1.0)])
-    ss = np.minimum.accumulate(ss)
-    snr = np.concatenate([[np.inf], cum[1 : last + 1] / sd[1 : last + 1]])
+        # the detection limit of persons (measured_sd noise sds); bound the tail from there.
+        return TailModel(xs, ss, fallback)
     tail = np.nonzero((ss <= TAIL_FIT_MAX_SURVIVAL) & (xs > 0) & (ss > 0))[0][-fit_points:]
     if tail.size >= 2:
         # weighted least squares on log S: the sd of log S at a point is about 1 / its SNR
