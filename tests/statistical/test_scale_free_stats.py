@@ -145,10 +145,13 @@ def test_error_bar_checks_have_power(coverage_run):
 ANCHOR_N = 10_000
 ANCHOR_REPS = 40
 #: issue 18's target on light-tailed data with n >= 10^3 is 1.5x; with 40 seeds the ratio of two
-#: medians has a relative sd of about 0.2, so the test allows 1.5x + 2 sd and checks, as its
-#: power, that the pre-issue-18 rule (radius inflated by (n eps)^(1/4), final stage on 65% of
-#: the persons: 8-17x) would fail it.
+#: medians has a relative sd of about 0.2, so the test allows 1.5x + 2 sd. The pre-issue-18
+#: defaults measured 8-17x on such cells (benchmarks/anchors), far outside it.
 ANCHOR_MAX_RATIO = 2.1
+#: Ours cannot be much better than clamping at the data's own 1st/99th percentiles on a
+#: Gaussian (its noise is at least radius / (eps n) with a radius near the extremes): a ratio
+#: below this means the oracle or the comparison is broken.
+ANCHOR_MIN_RATIO = 0.3
 
 
 def _anchor_error(y, rng, eps):
@@ -170,6 +173,4 @@ def test_gaussian_accuracy_against_the_pinned_anchor():
         ours.append(abs(rel.estimate - float(np.mean(y))))
         anchor.extend(_anchor_error(y, rng, BUDGET.epsilon) for _ in range(5))
     ratio = float(np.median(ours)) / float(np.median(anchor))
-    assert ratio <= ANCHOR_MAX_RATIO, ratio
-    # power: the old radius alone (x (n eps)^(1/4) = 10 at this n) multiplies the noise by ~5
-    assert 5.0 * ratio > ANCHOR_MAX_RATIO
+    assert ANCHOR_MIN_RATIO <= ratio <= ANCHOR_MAX_RATIO, ratio
