@@ -133,6 +133,22 @@ class Aggregates(Protocol):
         """
         ...
 
+    def norm_log_histogram(
+        self,
+        columns: Sequence[str],
+        center: np.ndarray,
+        scales: np.ndarray | None,
+        group: GroupRange,
+        sub_edges: tuple[float, ...] = (),
+    ) -> dict[int, int]:
+        """Log-magnitude histogram (keys as :meth:`log_histogram`, all positive) of the l2 norm
+        ``||(Y_i - center) / scales||`` over persons in ``group`` with every one of ``columns``.
+
+        The deviations and the norm are computed exactly as in :meth:`clipped_sum`. One person
+        falls in one bin. Returns non-empty bins.
+        """
+        ...
+
     def clipped_sum(
         self,
         columns: Sequence[str],
@@ -233,20 +249,21 @@ def clipped_sum_l2_sensitivity(radius: float, d: int) -> float:
     return float(radius) * (1.0 + np.sqrt(d) / 2.0 ** (QUANT_BITS + 1))
 
 
-def clip_deviations(
-    values: np.ndarray, center: np.ndarray, radius: float, scales: np.ndarray | None = None
-) -> np.ndarray:
-    """``clip_{radius, center}(Y_i) - center`` for each row of ``values`` (shape ``(n, d)``).
-
-    With ``scales``, in scaled units: ``x = (Y_i - center) / scales`` clipped to the l2 ball.
-    """
+def scaled_deviations(values: np.ndarray, center: np.ndarray, scales: np.ndarray | None = None) -> np.ndarray:
+    """``(Y_i - center) / scales`` for each row of ``values`` (shape ``(n, d)``), clamped finite."""
     diff = np.clip(values, -VALUE_BOUND, VALUE_BOUND) - center[None, :]
     if scales is not None:
         # clamped again: a tiny scale must not overflow the scaled deviation to inf (an inf
         # coordinate would escape the clip and break the sensitivity bound)
-        diff = np.clip(diff / scales[None, :], -VALUE_BOUND, VALUE_BOUND)
-    if values.shape[1] == 1:
-        return np.minimum(np.maximum(diff, -radius), radius)
+        with np.errstate(over="ignore"):
+            diff = np.clip(diff / scales[None, :], -VALUE_BOUND, VALUE_BOUND)
+    return diff
+
+
+def deviation_norms(diff: np.ndarray) -> np.ndarray:
+    """l2 norm of each row of ``diff`` (shape ``(n, d)``), as the Spark backend computes it."""
+    if diff.shape[1] == 1:
+        return np.abs(diff[:, 0])
     # Scaled norm: ||x|| = s * ||x / s|| with s = max |x_j|, so 1e200-sized values do not overflow.
     scale = np.max(np.abs(diff), axis=1)
     safe = np.where(scale > 0, scale, 1.0)
@@ -255,7 +272,20 @@ def clip_deviations(
     acc = q[:, 0] * q[:, 0]
     for j in range(1, q.shape[1]):
         acc = acc + q[:, j] * q[:, j]
-    norm = scale * np.sqrt(acc)
+    return scale * np.sqrt(acc)
+
+
+def clip_deviations(
+    values: np.ndarray, center: np.ndarray, radius: float, scales: np.ndarray | None = None
+) -> np.ndarray:
+    """``clip_{radius, center}(Y_i) - center`` for each row of ``values`` (shape ``(n, d)``).
+
+    With ``scales``, in scaled units: ``x = (Y_i - center) / scales`` clipped to the l2 ball.
+    """
+    diff = scaled_deviations(values, center, scales)
+    if values.shape[1] == 1:
+        return np.minimum(np.maximum(diff, -radius), radius)
+    norm = deviation_norms(diff)
     factor = np.where(norm > radius, radius / np.where(norm > 0, norm, 1.0), 1.0)
     return diff * factor[:, None]
 
@@ -391,6 +421,22 @@ class NumpyAggregates:
         cs = check_multi(columns, centers, "centers")
         rows = self._rows(columns, group)
         return [self._log_keys(rows[:, j], c, edges) for j, c in enumerate(cs)]
+
+    def norm_log_histogram(
+        self,
+        columns: Sequence[str],
+        center: np.ndarray,
+        scales: np.ndarray | None,
+        group: GroupRange,
+        sub_edges: tuple[float, ...] = (),
+    ) -> dict[int, int]:
+        edges = check_sub_edges(sub_edges)
+        c = check_clip_args(columns, center, 1.0)
+        sc = check_scales(scales, len(columns))
+        rows = self._rows(columns, group)
+        if rows.shape[0] == 0:
+            return {}
+        return self._log_keys(deviation_norms(scaled_deviations(rows, c, sc)), 0.0, edges)
 
     def clipped_sum(
         self,

@@ -196,6 +196,52 @@ class SparkAggregates:
         pairs = [F.struct(F.lit(j).alias("j"), F.col(f"_k{j}").alias("bin")) for j in range(len(columns))]
         return self._multi(columns, group, pairs, df=keys)
 
+    def _deviations(self, columns: Sequence[str], c: np.ndarray, sc: np.ndarray | None, group: GroupRange):
+        """``df`` of the (scaled, clamped) deviations ``_d{j}``: operation for operation
+        :func:`dplib.aggregates.scaled_deviations`."""
+        from pyspark.sql import functions as F
+
+        bound = F.lit(VALUE_BOUND)
+        diffs = [F.least(F.greatest(F.col(col), -bound), bound) - F.lit(float(cj)) for col, cj in zip(columns, c)]
+        if sc is not None:
+            # clamped again, as dplib.aggregates.scaled_deviations: no overflow to inf
+            diffs = [F.least(F.greatest(d / F.lit(float(sj)), -bound), bound) for d, sj in zip(diffs, sc)]
+        return self._where(columns, group).select(*[d.alias(f"_d{j}") for j, d in enumerate(diffs)])
+
+    @staticmethod
+    def _with_norm(df, d: int):
+        """``df`` (columns ``_d{j}``) plus their l2 norm ``_norm``, as
+        :func:`dplib.aggregates.deviation_norms` (staged projections: small generated code)."""
+        from pyspark.sql import functions as F
+
+        dcols = [F.col(f"_d{j}") for j in range(d)]
+        if d == 1:
+            return df.select(*dcols, F.abs(dcols[0]).alias("_norm"))
+        df = df.select(*dcols, F.greatest(*[F.abs(x) for x in dcols]).alias("_scale"))
+        scale = F.col("_scale")
+        safe = F.when(scale > 0, scale).otherwise(F.lit(1.0))
+        qs = [x / safe for x in dcols]
+        acc = qs[0] * qs[0]
+        for q in qs[1:]:  # left to right, as dplib.aggregates.deviation_norms
+            acc = acc + q * q
+        return df.select(*dcols, (scale * F.sqrt(acc)).alias("_norm"))
+
+    def norm_log_histogram(
+        self,
+        columns: Sequence[str],
+        center: np.ndarray,
+        scales: np.ndarray | None,
+        group: GroupRange,
+        sub_edges: tuple[float, ...] = (),
+    ) -> dict[int, int]:
+        edges = check_sub_edges(sub_edges)
+        c = check_clip_args(columns, center, 1.0)
+        sc = check_scales(scales, len(columns))
+        df = self._with_norm(self._deviations(columns, c, sc, group), len(columns))
+        keys = self._log_keys(df, ["_norm"], [0.0], edges)
+        rows = self._collect(keys.groupBy(keys["_k0"].alias("bin")).count())
+        return {int(r["bin"]): int(r["count"]) for r in rows}
+
     def clipped_sum(
         self,
         columns: Sequence[str],
@@ -209,27 +255,15 @@ class SparkAggregates:
         c = check_clip_args(columns, center, radius)
         sc = check_scales(scales, len(columns))
         rho = F.lit(float(radius))
-        bound = F.lit(VALUE_BOUND)
         # Staged projections (deviations, then the clip factor, then fixed-point units), so that
         # each generated expression stays small for large d; the arithmetic is operation for
         # operation that of dplib.aggregates.clip_deviations.
-        diffs = [F.least(F.greatest(F.col(col), -bound), bound) - F.lit(float(cj)) for col, cj in zip(columns, c)]
-        if sc is not None:
-            # clamped again, as dplib.aggregates.clip_deviations: no overflow to inf
-            diffs = [F.least(F.greatest(d / F.lit(float(sj)), -bound), bound) for d, sj in zip(diffs, sc)]
-        df = self._where(columns, group).select(*[d.alias(f"_d{j}") for j, d in enumerate(diffs)])
+        df = self._deviations(columns, c, sc, group)
         dcols = [F.col(f"_d{j}") for j in range(len(columns))]
         if len(columns) == 1:
             devs = [F.least(F.greatest(dcols[0], -rho), rho)]
         else:
-            df = df.select(*dcols, F.greatest(*[F.abs(d) for d in dcols]).alias("_scale"))
-            scale = F.col("_scale")
-            safe = F.when(scale > 0, scale).otherwise(F.lit(1.0))
-            qs = [d / safe for d in dcols]
-            acc = qs[0] * qs[0]
-            for q in qs[1:]:  # left to right, as dplib.aggregates.clip_deviations
-                acc = acc + q * q
-            df = df.select(*dcols, (scale * F.sqrt(acc)).alias("_norm"))
+            df = self._with_norm(df, len(columns))
             norm = F.col("_norm")
             factor = F.when(norm > rho, rho / F.when(norm > 0, norm).otherwise(F.lit(1.0))).otherwise(F.lit(1.0))
             df = df.select(*dcols, factor.alias("_factor"))

@@ -36,6 +36,9 @@ from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
 from dplib.mean.multivariate import ALGORITHM as MV_ALGORITHM
 from dplib.mean.multivariate import ALGORITHM_VERSION as MV_VERSION
 from dplib.mean.multivariate import MultivariateMeanPlan, multivariate_person_mean
+from dplib.mean.scale_free_multivariate import ALGORITHM as SFMV_ALGORITHM
+from dplib.mean.scale_free_multivariate import ALGORITHM_VERSION as SFMV_VERSION
+from dplib.mean.scale_free_multivariate import ScaleFreeMultivariatePlan, scale_free_multivariate_mean
 from dplib.mean.univariate import ALGORITHM, ALGORITHM_VERSION, UnivariateMeanPlan, univariate_person_mean
 from dplib.distribution.private import ALGORITHM as DIST_ALGORITHM
 from dplib.distribution.private import ALGORITHM_VERSION as DIST_VERSION
@@ -93,7 +96,7 @@ BHS_HETEROGENEOUS = (
     "FAIL rate and lowers accuracy, never privacy (spec section 7.4)"
 )
 
-MeanPlan = Union[UnivariateMeanPlan, ScaleFreeMeanPlan, MultivariateMeanPlan, DistributionPlan, PersonBHSPlan]
+MeanPlan = Union[UnivariateMeanPlan, ScaleFreeMeanPlan, MultivariateMeanPlan, ScaleFreeMultivariatePlan, DistributionPlan, PersonBHSPlan]
 
 
 def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
@@ -127,6 +130,9 @@ def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
             closeness_radius=opts.closeness_radius,
             p3_count_share=opts.p3_count_share,
         )
+    if stat.kind == "multivariate_mean" and opts.scales is None and not opts.records_iid:
+        # the default: no scales, each person's mean one item (dplib.mean.scale_free_multivariate)
+        return ScaleFreeMultivariatePlan(budget=total.scaled(stat.share), d=len(stat.columns), k=opts.k)
     if stat.kind == "multivariate_mean":
         return MultivariateMeanPlan(
             budget=total.scaled(stat.share),
@@ -158,6 +164,9 @@ def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
 
 def run_statistic(backend, columns, plan: MeanPlan, noise: NoiseSource, accountant: Accountant, prefix: str):
     """Run the estimator a plan belongs to; returns ``(release, algorithm, algorithm_version)``."""
+    if isinstance(plan, ScaleFreeMultivariatePlan):
+        rel = scale_free_multivariate_mean(backend, list(columns), plan, noise, accountant, prefix)
+        return rel, SFMV_ALGORITHM, SFMV_VERSION
     if isinstance(plan, MultivariateMeanPlan):
         rel = multivariate_person_mean(backend, list(columns), plan, noise, accountant, prefix)
         return rel, MV_ALGORITHM, MV_VERSION
@@ -220,6 +229,13 @@ class JobPlan:
                     f"  {name}: distribution over k={p.k} public categories (+ OTHER last), m={p.m} draws per person "
                     f"(fewer: person left out), estimator {p.estimator}: {ESTIMATOR_NAMES[p.estimator]}; "
                     f"radii from public inputs and the DP centre; eta/omega unused by P0-P2"
+                )
+            elif isinstance(p, ScaleFreeMultivariatePlan):
+                cap = "" if p.k is None else f", tail nu capped at k={p.k:g}"
+                lines.append(
+                    f"  {name}: scale-free multivariate mean, d={p.d} (ranges, centre, scales and l2 radius found "
+                    f"privately; every stage on all persons, sequential: 4% ranges [+20% retry on small data], "
+                    f"4% centre, 5% scales, 6% norm profile, the rest to one Gaussian clip-and-noise){cap}"
                 )
             elif isinstance(p, MultivariateMeanPlan):
                 how = "declared scales" if p.scales is not None else "scales found privately"
@@ -596,10 +612,10 @@ def run_job(
             rel, algorithm, algorithm_version = run_statistic(
                 backend, stat.columns, plan, noise, accountant, f"{stat.name}: "
             )
-            vector = isinstance(plan, MultivariateMeanPlan)
+            vector = isinstance(plan, (MultivariateMeanPlan, ScaleFreeMultivariatePlan))
             extra = {"m_min": cfg.summary.m_min, "max_records_per_person": cfg.summary.max_records_per_person}
             if vector:
-                if plan.mode != "iid":
+                if getattr(plan, "mode", "summary") != "iid":
                     extra["unequal_records"] = UNEQUAL_RECORDS_SUMMARY
                 elif cfg.summary.max_records_per_person is None:
                     extra["unequal_records"] = UNEQUAL_RECORDS_IID

@@ -229,14 +229,33 @@ def window_center(
     epsilon-DP under add/remove (Agarwal et al. 2024, Algorithm 1, pure variant; the window is a
     DP output of an earlier stage on other persons, so it is public here).
     """
+    r, offset, n_bins = window_bins(lower, upper, bins_per_range)
+    clamp = (offset, offset + (n_bins - 0.5) * r)
+    sparse = backend.histogram(column, r, offset, group, clamp=clamp)
+    return window_center_from_counts(sparse, epsilon, noise, lower, upper, bins_per_range, refine)
+
+
+def window_bins(lower: float, upper: float, bins_per_range: int) -> tuple[float, float, int]:
+    """``(bin_width, offset, n_bins)`` of :func:`window_center`'s window (public inputs only)."""
     width = upper - lower
     if not (math.isfinite(width) and width > 0):
         raise InvalidParameterError(f"the range must have positive finite width, got [{lower!r}, {upper!r}]")
     r = width / bins_per_range
-    offset = lower - width
-    n_bins = 3 * bins_per_range
-    clamp = (offset, offset + (n_bins - 0.5) * r)
-    sparse = backend.histogram(column, r, offset, group, clamp=clamp)
+    return r, lower - width, 3 * bins_per_range
+
+
+def window_center_from_counts(
+    sparse: dict[int, int],
+    epsilon: float,
+    noise: NoiseSource,
+    lower: float,
+    upper: float,
+    bins_per_range: int = 8,
+    refine: bool = False,
+) -> tuple[float, float]:
+    """:func:`window_center` from the exact counts of the window's bins (bins outside
+    ``[0, n_bins)`` are folded into the edge bins, as the clamp does); noised here."""
+    r, offset, n_bins = window_bins(lower, upper, bins_per_range)
     dense = np.zeros(n_bins)
     for j, c in sparse.items():
         dense[min(max(j, 0), n_bins - 1)] += c

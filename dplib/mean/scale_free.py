@@ -197,6 +197,33 @@ def _insufficient(reason: str, accountant: Accountant, start: int, params: dict)
     return MeanRelease(STATUS_INSUFFICIENT, None, None, ERROR_LEVEL, f"none: {reason}", None, eps, delta, params)
 
 
+def tail_from_profile(profile, epsilon: float, k: float | None):
+    """The tail model of a deviation profile, as the bias bounds use it (post-processing only).
+
+    Fits the Student-t tail (binned counts; the fallback ``NU_FALLBACK`` when nothing beyond the
+    first edge is measured), takes it ``NU_MARGIN`` degrees of freedom heavier (not below
+    ``min(nu, NU_FLOOR)``), capped at ``k`` when given, and computes the tail flag.
+
+    Returns
+    -------
+    (model, fitted_nu, nu_used, tail_flag, overflow_share)
+    """
+    xs, ss, snr, limit = measured_survival(profile, epsilon, MEASURED_SD, visible_top=True)
+    if limit > 0:  # nothing measured beyond the first edge: the fallback tail from the detection limit
+        model = fit_student_tail(xs, ss, snr, NU_FALLBACK)
+    else:
+        model = fit_student_tail_binned(profile.edges, profile.raw_weights, epsilon, NU_FALLBACK, xs, ss)
+    fitted_nu = model.nu_lower
+    nu_used = max(fitted_nu - NU_MARGIN, min(fitted_nu, NU_FLOOR))
+    if k is not None:  # the user's moment order caps how light the tail may be taken
+        nu_used = min(nu_used, k)
+    model = dataclasses.replace(model, nu_lower=nu_used)
+    hidden, hidden_sd = hidden_mass(profile, epsilon)
+    overflow = profile.overflow_share()
+    tail_flag = bool(fitted_nu < FLAG_NU or overflow > OVERFLOW_WARN or hidden > HIDDEN_SD * hidden_sd)
+    return model, fitted_nu, nu_used, tail_flag, overflow
+
+
 def balanced_radius(model, low: float, high: float, n_eps: float, centre_error: float) -> float:
     """Radius minimising ``model.bias(rho) + (rho + w(rho)) / n_eps`` on a log grid in [low, high].
 
@@ -317,17 +344,7 @@ def scale_free_person_mean(
     profile = deviation_profile(
         backend, column, group, b_profile.epsilon, noise, center, low=low, high=high, sub_edges=PROFILE_SUB_EDGES
     )
-    xs, ss, snr, limit = measured_survival(profile, b_profile.epsilon, MEASURED_SD, visible_top=True)
-    if limit > 0:  # nothing measured beyond the first edge: the fallback tail from the detection limit
-        model = fit_student_tail(xs, ss, snr, NU_FALLBACK)
-    else:
-        model = fit_student_tail_binned(profile.edges, profile.raw_weights, b_profile.epsilon, NU_FALLBACK, xs, ss)
-    fitted_nu = model.nu_lower
-    nu_used = max(fitted_nu - NU_MARGIN, min(fitted_nu, NU_FLOOR))
-    if plan.k is not None:  # the user's moment order caps how light the tail may be taken
-        nu_used = min(nu_used, plan.k)
-    model = dataclasses.replace(model, nu_lower=nu_used)
-    hidden, hidden_sd = hidden_mass(profile, b_profile.epsilon)
+    model, fitted_nu, nu_used, tail_flag, overflow = tail_from_profile(profile, b_profile.epsilon, plan.k)
 
     # 4. fine clip-and-noise, with what is left of the budget
     spent_eps, _ = composed_cost(accountant.charges[start:])
@@ -342,8 +359,6 @@ def scale_free_person_mean(
 
     # error bar: (e_S - d e_N)/N~ + clipping-bias bound (order of products: no overflow near 1e300)
     half = noise_and_sampling_quantile(scale / denom, (abs(deviation) / c) * (scale / denom), 0.0) + bias_bound
-    overflow = profile.overflow_share()
-    tail_flag = bool(fitted_nu < FLAG_NU or overflow > OVERFLOW_WARN or hidden > HIDDEN_SD * hidden_sd)
     if not math.isfinite(half):
         half = None
     covers = (

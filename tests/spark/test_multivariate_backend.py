@@ -102,6 +102,18 @@ def test_clipped_sums_equal(persons, group, d, scales, radius):
     assert np.all(np.isfinite(s_sp))
 
 
+@pytest.mark.parametrize("group,d,scales", [(g, d, sc) for g in GROUPS for d in (1, 3, 10) for sc in ("none", "mixed")])
+def test_norm_log_histograms_equal(persons, group, d, scales):
+    np_b, sp_b = persons
+    sc = None if scales == "none" else np.array([0.5, 2.0, 1e-3, 7.0, 1.0, 1e3, 0.3, 4.0, 1e-2, 9.0])[:d]
+    center = np.array([0.5, -1.0, 2.0, 0.0, 3.0, 1e3, -7.0, 0.25, 1.0, 0.0])[:d]
+    before = sp_b.rows_collected
+    h_sp = sp_b.norm_log_histogram(COLS[:d], center, sc, group, (2**0.5,))
+    h_np = np_b.norm_log_histogram(COLS[:d], center, sc, group, (2**0.5,))
+    assert h_sp == h_np
+    assert sp_b.rows_collected - before == len(h_sp)  # exactly its non-empty bins
+
+
 # ------------------------------------------------------------------------------------------------
 # 10**6 records, the estimator end to end
 # ------------------------------------------------------------------------------------------------
@@ -137,6 +149,12 @@ class PerCallRows:
 
     def clipped_sum(self, *a, **k):
         return self._run("clipped_sum", self.inner.clipped_sum, *a, **k)
+
+    def norm_log_histogram(self, *a, **k):
+        out = self._run("norm_log_histogram", self.inner.norm_log_histogram, *a, **k)
+        name, rows, _ = self.log[-1]
+        self.log[-1] = (name, rows, len(out))
+        return out
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +207,27 @@ def test_estimator_on_a_million_records_driver_rows_and_numpy_agreement(big_summ
     assert acc_sp.charges == acc_np.charges
     # and it estimates the generating mean (2j - 1) well (sanity)
     assert np.all(np.abs(out_sp.estimate - (2.0 * np.arange(D) - 1.0)) < 0.1)
+
+
+def test_scale_free_estimator_on_a_million_records_numpy_agreement(big_summary):
+    """The default (scale-free) multivariate mean through SparkAggregates: driver rows are O(bins),
+    and numpy on the same persons with the same seed releases the identical estimate."""
+    from dplib.mean.scale_free_multivariate import ScaleFreeMultivariatePlan, scale_free_multivariate_mean
+
+    summary, pdf = big_summary
+    cols = [f"v{j}" for j in range(D)]
+    plan = ScaleFreeMultivariatePlan(Budget(1.0, 1e-6), D)
+    sp = PerCallRows(SparkAggregates(summary))
+    acc_sp = Accountant(plan.budget)
+    out_sp = scale_free_multivariate_mean(sp, cols, plan, SeededNoise(321), acc_sp)
+    assert out_sp.status == STATUS_OK
+    for name, rows, size in sp.log:
+        assert rows == size, (name, rows, size)
+    assert sp.inner.rows_collected < len(pdf) / 100
+    np_b = NumpyAggregates({c: pdf[c].to_numpy(dtype=float) for c in cols}, pdf["_group"].to_numpy())
+    acc_np = Accountant(plan.budget)
+    out_np = scale_free_multivariate_mean(np_b, cols, plan, SeededNoise(321), acc_np)
+    np.testing.assert_array_equal(out_sp.estimate, out_np.estimate)
+    np.testing.assert_array_equal(out_sp.error_bar, out_np.error_bar)
+    assert acc_sp.charges == acc_np.charges
+    assert np.all(np.abs(out_sp.estimate - (2.0 * np.arange(D) - 1.0)) < 0.05)

@@ -1,0 +1,396 @@
+"""Scale-free multivariate person-level mean: no bounds, no scales, every stage on all persons.
+
+The default of ``kind: multivariate_mean`` when no ``scales`` are declared. It follows the
+univariate scale-free estimator (:mod:`dplib.mean.scale_free`) coordinate by coordinate for the
+cheap pre-stages, then makes one *joint* Gaussian release of l2-clipped deviations, as the final
+step of Agarwal, Kamath, Majid, Mouzakis, Silver, Ullman 2024 (Algorithm 2, ClipAndNoise):
+
+======================  ========================================================================
+stage (share of eps)    mechanism
+======================  ========================================================================
+coordinate ranges 4%    per coordinate, thresholded histogram of signed binary magnitudes (centre
+                        0) -> [L_j, U_j]; (eps, delta/4) split over the d coordinates
+(retry 20%)             only if some coordinate released no bucket: the same, larger share
+centre 4%               per coordinate, Laplace histogram of 24 bins of width (U_j - L_j)/8 over
+                        [L_j - W_j, U_j + W_j], centroid of the argmax bin and its neighbours
+coordinate scales 5%    per coordinate, Laplace histogram of |Y_j - c_j| on half octaves ->
+                        s_j = its DP median / 0.6745 (a normal's standard deviation)
+norm profile 6%         Laplace histogram of ||(Y - c) / s|| on half octaves (one bin per person)
+                        -> Student-t tail fit (:mod:`dplib.mean.tails`) -> clipping-bias model
+final (the rest)        Gaussian on (sum_i clip_R((Y_i - c) / s), w n), w = R / 4, l2 radius R
+                        minimising the model's bias bound plus the expected l2 noise
+======================  ========================================================================
+
+After a retry (small data) the centre, scale and norm shares double (an adaptive choice from a
+DP outcome under a fixed total: a privacy filter with basic composition). Within a stage the d
+per-coordinate histograms compose by the better of basic and advanced composition for the range
+(spec P10, :func:`~dplib.mean.multivariate.coordinate_budget`) and by basic composition for the
+Laplace histograms.
+
+Privacy: add/remove one person; every stage reads all persons; the stages compose sequentially to
+at most the statistic's (epsilon, delta) (range delta/4 per run, final delta/2); every centre,
+scale, radius and share is post-processing of earlier DP outputs. ``docs/privacy/multivariate_mean.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy.stats import norm as normal
+
+from dplib.aggregates import Aggregates
+from dplib.budget import Accountant, Budget, Charge, composed_cost
+from dplib.errors import InvalidParameterError
+from dplib.groups import ALL_PERSONS, GroupRange
+from dplib.mean.multivariate import (
+    COUNT_WEIGHT,
+    ERROR_LEVEL,
+    STATUS_INSUFFICIENT,
+    STATUS_OK,
+    VectorMeanRelease,
+    clip_and_noise,
+    coordinate_budget,
+)
+from dplib.mean.params import check_moment_order
+from dplib.mean.ranges import deviation_profile_from_counts, magnitude_range_from_counts, window_bins, window_center_from_counts
+from dplib.mean.scale_free import (
+    CENTRE_BINS,
+    FLAG_NU,
+    PROFILE_OCTAVES_ABOVE,
+    PROFILE_OCTAVES_BELOW,
+    SMALL_DATA_BOOST,
+    tail_from_profile,
+)
+from dplib.mean.scale_free import PROFILE_SUB_EDGES as HALF_OCTAVE
+from dplib.mechanisms import NoiseSource, gaussian_sigma
+
+ALGORITHM = "agarwal2024-multivariate-person-mean/scale-free"
+ALGORITHM_VERSION = "1"
+
+STAGE_RANGES = "coordinate ranges"
+STAGE_RANGES_RETRY = "coordinate ranges (retry)"
+STAGE_CENTRE = "centre"
+STAGE_SCALES = "coordinate scales"
+STAGE_NORMS = "norm profile"
+STAGE_FINAL = "final clip-and-noise"
+
+RANGE_SHARE = 0.04
+RANGE_RETRY_SHARE = 0.20
+CENTRE_SHARE = 0.04
+SCALES_SHARE = 0.05
+NORM_SHARE = 0.06
+#: (SMALL_DATA_BOOST, CENTRE_BINS, the coordinate profiles' span and half-octave bins: as the
+#: univariate scale-free mean's)
+#: the norm profile spans [2^-NORM_OCTAVES_BELOW, 2^NORM_OCTAVES_ABOVE sqrt(d)] in scaled units
+NORM_OCTAVES_BELOW = 6
+NORM_OCTAVES_ABOVE = 6
+#: median of |Z| for a standard normal Z: the coordinate scale is the DP median of |Y_j - c_j| over it
+MAD_TO_SD = 0.6744897501960817
+RADIUS_GRID_PER_OCTAVE = 16
+
+
+@dataclass(frozen=True)
+class ScaleFreeMultivariatePlan:
+    """Public plan of the scale-free multivariate mean, fixed before any data is read.
+
+    Parameters
+    ----------
+    budget : Budget
+        The statistic's (epsilon, delta); delta > 0 (thresholded range histograms and the final
+        Gaussian release are approximate DP).
+    d : int
+        Number of value columns.
+    k : float or None
+        Optional cap on the degrees of freedom of the norm's tail model (as the univariate
+        scale-free mean's ``k``). None: no cap beyond the fit.
+    range_quantile : float
+        Fraction of persons each coordinate's range must hold (0.9).
+    group : GroupRange
+        The persons this statistic may read.
+
+    Raises
+    ------
+    InvalidParameterError
+    """
+
+    budget: Budget
+    d: int
+    k: float | None = None
+    range_quantile: float = 0.9
+    group: GroupRange = ALL_PERSONS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, Budget):
+            raise InvalidParameterError("budget must be a dplib.budget.Budget")
+        if self.budget.delta <= 0.0:
+            raise InvalidParameterError(
+                "the multivariate mean is an approximate-DP estimator: delta must be > 0"
+            )
+        if isinstance(self.d, bool) or not isinstance(self.d, int) or self.d < 1:
+            raise InvalidParameterError(f"d must be an integer >= 1, got {self.d!r}")
+        if self.k is not None:
+            object.__setattr__(self, "k", check_moment_order(self.k))
+        q = self.range_quantile
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not (0.5 <= q < 1.0):
+            raise InvalidParameterError(f"range_quantile must be in [0.5, 1), got {q!r}")
+        # every mechanism's public parameters must be finite before anything is reserved
+        gaussian_sigma(1.0, self.budget.epsilon * self._final_share_min(), self.budget.delta / 2.0)
+
+    @staticmethod
+    def _final_share_min() -> float:
+        return 1.0 - RANGE_SHARE - RANGE_RETRY_SHARE - SMALL_DATA_BOOST * (CENTRE_SHARE + SCALES_SHARE + NORM_SHARE)
+
+    def charges(self, prefix: str = "") -> list[Charge]:
+        """Nominal charges in order (the privacy cost before any data is read).
+
+        The retry is charged only if it runs; the centre, scale and norm stages take their larger
+        (listed) shares only after a retry; the final stage is charged what is left. The total is
+        the budget.
+        """
+        eps, delta = self.budget.epsilon, self.budget.delta
+        b = SMALL_DATA_BOOST
+        parts = [
+            (STAGE_RANGES, RANGE_SHARE, delta / 4.0),
+            (STAGE_RANGES_RETRY, RANGE_RETRY_SHARE, delta / 4.0),
+            (STAGE_CENTRE, CENTRE_SHARE * b, 0.0),
+            (STAGE_SCALES, SCALES_SHARE * b, 0.0),
+            (STAGE_NORMS, NORM_SHARE * b, 0.0),
+            (STAGE_FINAL, self._final_share_min(), delta / 2.0),
+        ]
+        return [Charge(f"{prefix}{name}", Budget(eps * share, dl), self.group) for name, share, dl in parts]
+
+    def cost(self) -> Budget:
+        eps, delta = composed_cost(self.charges())
+        return Budget(eps, delta)
+
+    def describe(self) -> dict:
+        """Public parameters, JSON-friendly."""
+        return {
+            "composition": "sequential; every stage reads all persons",
+            "d": self.d,
+            "stages": [{"stage": c.stage, "epsilon": c.budget.epsilon, "delta": c.budget.delta} for c in self.charges()],
+            "range_quantile": self.range_quantile,
+            "tail_nu_cap": self.k,
+        }
+
+
+def _interpolated_median(profile) -> float:
+    """Median of ``|Y - c|`` from a deviation profile: the noisy CDF (raw counts, made
+    non-decreasing) interpolated geometrically inside the bin where it crosses 1/2 (linearly in
+    the underflow bin). Post-processing only."""
+    raw = np.asarray(profile.raw_weights, dtype=float)
+    total = float(np.sum(raw))
+    edges = profile.edges
+    if total <= 0:
+        return float(edges[-2])
+    cdf = np.maximum.accumulate(np.clip(np.cumsum(raw) / total, 0.0, 1.0))
+    i = int(np.searchsorted(cdf, 0.5, side="left"))
+    if i >= len(raw) - 1:  # in the overflow bin
+        return 2.0 * float(edges[-2])
+    below = float(cdf[i - 1]) if i > 0 else 0.0
+    frac = (0.5 - below) / max(float(cdf[i]) - below, 1e-12)
+    frac = min(max(frac, 0.0), 1.0)
+    lo, hi = float(edges[i]), float(edges[i + 1])
+    if lo <= 0:
+        return hi * frac
+    return lo * (hi / lo) ** frac
+
+
+def _l2_radius(model, low: float, high: float, noise_per_radius: float) -> float:
+    """Radius minimising ``model.bias(R) + noise_per_radius * R`` on a log grid in [low, high]
+    (post-processing)."""
+    octaves = max(math.log2(high / low), 1.0)
+    grid = low * 2.0 ** (np.arange(int(octaves * RADIUS_GRID_PER_OCTAVE) + 1) / RADIUS_GRID_PER_OCTAVE)
+    best, best_cost = float(grid[-1]), math.inf
+    for r in grid:
+        cost = model.bias(float(r)) + noise_per_radius * float(r)
+        if cost < best_cost:
+            best, best_cost = float(r), cost
+    return best
+
+
+def scale_free_multivariate_mean(
+    backend: Aggregates,
+    columns: Sequence[str],
+    plan: ScaleFreeMultivariatePlan,
+    noise: NoiseSource,
+    accountant: Accountant | None = None,
+    stage_prefix: str = "",
+) -> VectorMeanRelease:
+    """Private mean over persons of each person's mean vector of ``columns``, with no bounds.
+
+    Parameters
+    ----------
+    backend : Aggregates
+        Exact aggregates over person summaries; persons missing any of ``columns`` are left out.
+    columns : sequence of d str
+    plan : ScaleFreeMultivariatePlan
+    noise : NoiseSource
+    accountant : Accountant, optional
+        Charged before each stage reads its persons; default: limited to ``plan.budget``.
+
+    Returns
+    -------
+    VectorMeanRelease
+        Estimate of shape (d,) in data units with a per-coordinate 90% error bar for the exact
+        dataset statistic (Gaussian noise of the final release, count noise included, plus the
+        model's clipping-bias bound), or ``INSUFFICIENT_DATA`` when a coordinate's range
+        histogram releases nothing in both runs. ``parameters["tail_flag"]``: the bar rests on a
+        tail the norm profile could not confirm.
+
+    Raises
+    ------
+    InvalidParameterError
+        Before anything is charged: wrong number of columns, repeated or unknown columns.
+    BudgetExceededError
+        Before anything is charged, if the plan does not fit the accountant.
+
+    Privacy
+    -------
+    Add/remove one person, sequential composition of the stages in the module table on the same
+    persons: (epsilon, delta)-DP.
+
+    References
+    ----------
+    Agarwal et al. 2024, Algorithm 2 (ClipAndNoise) for the final release; the pre-stages are the
+    univariate scale-free stages (``docs/privacy/person_level_mean.md``) per coordinate plus a
+    DP profile of the scaled deviation norms.
+    """
+    columns = list(columns)
+    d = plan.d
+    if len(columns) != d:
+        raise InvalidParameterError(f"the plan is for d={d} columns, got {len(columns)}: {columns}")
+    if len(set(columns)) != d:
+        raise InvalidParameterError(f"columns must be distinct, got {columns}")
+    check = getattr(backend, "check_columns", None)
+    if check is not None:
+        check(columns)
+    accountant = accountant if accountant is not None else Accountant(plan.budget)
+    charges = {c.stage[len(stage_prefix):]: c for c in plan.charges(stage_prefix)}
+    accountant.check(list(charges.values()))
+    start = len(accountant.charges)
+    params = plan.describe()
+    eps_total = plan.budget.epsilon
+    group = plan.group
+
+    def charge(stage: str, epsilon: float | None = None) -> Budget:
+        c = charges[stage]
+        budget = c.budget if epsilon is None else Budget(epsilon, c.budget.delta)
+        accountant.charge(c.stage, budget, c.group)
+        return budget
+
+    def ranges_run(stage: str):
+        b = charge(stage)
+        eps_j, delta_j = coordinate_budget(b.epsilon, b.delta, d)
+        exact = backend.log_histograms(columns, [0.0] * d, group)
+        out = [magnitude_range_from_counts(h, eps_j, delta_j, noise, plan.range_quantile) for h in exact]
+        del exact
+        return out
+
+    # 1. per-coordinate magnitude ranges (retry with a larger share if any coordinate failed)
+    ranges = ranges_run(STAGE_RANGES)
+    retried = any(r is None for r in ranges)
+    if retried:
+        ranges = ranges_run(STAGE_RANGES_RETRY)
+    params["range_retried"] = retried
+    if any(r is None for r in ranges):
+        eps, delta = composed_cost(accountant.charges[start:])
+        return VectorMeanRelease(
+            STATUS_INSUFFICIENT, None, None, ERROR_LEVEL,
+            "none: a coordinate's magnitude histogram released no bucket (too few persons for the "
+            "scale-free estimator at this budget and d; or declare options.scales)",
+            None, eps, delta, params,
+        )
+    lowers = np.array([r.lower for r in ranges])
+    uppers = np.array([r.upper for r in ranges])
+    widths = uppers - lowers
+    params["coordinate_ranges"] = [[float(a), float(b)] for a, b in zip(lowers, uppers)]
+    boost = SMALL_DATA_BOOST if retried else 1.0
+
+    # 2. per-coordinate centre
+    b = charge(STAGE_CENTRE, eps_total * CENTRE_SHARE * boost)
+    bins = [window_bins(lo, hi, CENTRE_BINS) for lo, hi in zip(lowers, uppers)]
+    exact = backend.histograms(columns, [w for w, _, _ in bins], [off for _, off, _ in bins], group)
+    centre = np.empty(d)
+    for j in range(d):
+        centre[j], _ = window_center_from_counts(exact[j], b.epsilon / d, noise, lowers[j], uppers[j], CENTRE_BINS, True)
+    del exact
+    params["coarse_center"] = [float(x) for x in centre]
+
+    # 3. per-coordinate scales: DP median of |Y_j - c_j|
+    b = charge(STAGE_SCALES, eps_total * SCALES_SHARE * boost)
+    exact = backend.log_histograms(columns, list(centre), group, HALF_OCTAVE)
+    scales = np.empty(d)
+    for j in range(d):
+        low = max(widths[j] * 2.0**-PROFILE_OCTAVES_BELOW, 1e-300)
+        high = min(max(widths[j] * 2.0**PROFILE_OCTAVES_ABOVE, 2.0 * low), 1e300)
+        prof = deviation_profile_from_counts(exact[j], b.epsilon / d, noise, low, high, HALF_OCTAVE)
+        scales[j] = min(max(_interpolated_median(prof) / MAD_TO_SD, low), high)
+    del exact
+    params["scales_used"] = [float(s) for s in scales]
+
+    # 4. norm profile of the scaled deviations -> tail model of ||x||
+    b = charge(STAGE_NORMS, eps_total * NORM_SHARE * boost)
+    low, high = 2.0**-NORM_OCTAVES_BELOW, 2.0**NORM_OCTAVES_ABOVE * math.sqrt(d)
+    counts = backend.norm_log_histogram(columns, centre, scales, group, HALF_OCTAVE)
+    profile = deviation_profile_from_counts(counts, b.epsilon, noise, low, high, HALF_OCTAVE)
+    del counts
+    model, fitted_nu, nu_used, tail_flag, overflow = tail_from_profile(profile, b.epsilon, plan.k)
+
+    # 5. final joint clip-and-noise with what is left of the budget
+    spent, _ = composed_cost(accountant.charges[start:])
+    eps_final = eps_total - spent
+    delta_final = charges[STAGE_FINAL].budget.delta
+    n_hat = max(max(r.noisy_total for r in ranges), profile.total, 1.0)
+    unit = gaussian_sigma(math.sqrt(1.0 + COUNT_WEIGHT**2), eps_final, delta_final)
+    # expected l2 norm of the final noise on the mean, per unit radius: sqrt(d) sigma / n
+    radius = _l2_radius(model, low, 2.0 * high, math.sqrt(d) * unit / n_hat)
+    bias_bound = model.bias(radius)
+    b_final = charge(STAGE_FINAL, eps_final)
+    fin = clip_and_noise(backend, columns, centre, radius, scales, group, b_final, noise)
+    deviation = (fin.center - centre) / scales  # scaled units, DP
+    w = COUNT_WEIGHT * radius
+    # per coordinate: (g_S - dev g_N / w) / N~ with g ~ N(0, sigma^2): a 90% two-sided quantile,
+    # plus the clipping bias (each coordinate moves by at most the l2 move (||x|| - R)+)
+    z = float(normal.ppf(0.5 + ERROR_LEVEL / 2.0))
+    noise_sd_scaled = fin.sigma / fin.denom * np.sqrt(1.0 + (deviation / w) ** 2)
+    with np.errstate(over="ignore", invalid="ignore"):
+        half = scales * (z * noise_sd_scaled + bias_bound)
+    error_bar = half if np.all(np.isfinite(half)) else None
+    eps, delta = composed_cost(accountant.charges[start:])
+    params.update(
+        {
+            "final_radius": radius,
+            "radius_units": "scaled (l2 ball after dividing coordinate j by scales_used[j])",
+            "count_weight": w,
+            "final_noisy_person_count": round(fin.n_noisy, 1),
+            "clipping_bias_bound_scaled": bias_bound,
+            "tail_nu": round(fitted_nu, 3),
+            "tail_nu_used": round(nu_used, 3),
+            "tail_flag": tail_flag,
+            "profile_overflow_share": round(overflow, 4),
+            "final_epsilon": b_final.epsilon,
+            "noise_sd": [float(x) for x in fin.sigma / fin.denom * scales],
+        }
+    )
+    if error_bar is None:
+        covers = (
+            "nothing: the norm profile gives no finite bound on the clipping bias (a tail heavier "
+            "than x^-1); the estimate is private but has no honest error bar"
+        )
+    else:
+        covers = (
+            "the exact dataset statistic, per coordinate, at 90%: the final Gaussian noise (sum and "
+            "count) and a DP bound on the clipping bias from the fitted tail of the deviation norms"
+        )
+        if tail_flag:
+            covers += (
+                "; WARNING (tail_flag): the deviation norms look heavy-tailed (fitted tail power "
+                f"{fitted_nu:.2g} < {FLAG_NU:g}, or persons beyond the norm histogram); the bias bound "
+                "assumes that tail continues as fitted, which the data may break"
+            )
+    noise_sd = fin.sigma / fin.denom * scales
+    return VectorMeanRelease(STATUS_OK, fin.center, error_bar, ERROR_LEVEL, covers, noise_sd, eps, delta, params)

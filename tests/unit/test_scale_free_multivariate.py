@@ -1,0 +1,260 @@
+"""Unit tests of the scale-free multivariate mean (:mod:`dplib.mean.scale_free_multivariate`) and
+of the aggregate it adds (``norm_log_histogram``).
+
+Oracles: norms and their binary exponents computed here with Python's exact ``math.frexp`` on
+hand-picked points; the plan's cost against the budget; the accountant's record against the
+stages that must have run; neighbours that differ by one extreme person.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dplib.aggregates import MIN_EXPONENT, VALUE_BOUND, NumpyAggregates
+from dplib.budget import Accountant, Budget, BudgetExceededError, composed_cost
+from dplib.errors import InvalidParameterError
+from dplib.groups import ALL_PERSONS
+from dplib.mean.multivariate import STATUS_INSUFFICIENT, STATUS_OK
+from dplib.mean.scale_free_multivariate import (
+    CENTRE_SHARE,
+    NORM_SHARE,
+    RANGE_RETRY_SHARE,
+    RANGE_SHARE,
+    SCALES_SHARE,
+    SMALL_DATA_BOOST,
+    STAGE_FINAL,
+    STAGE_RANGES,
+    STAGE_RANGES_RETRY,
+    ScaleFreeMultivariatePlan,
+    _interpolated_median,
+    scale_free_multivariate_mean,
+)
+from dplib.mean.ranges import DeviationProfile
+from dplib.mechanisms import SeededNoise
+
+EPS, DELTA = 1.0, 1e-6
+
+
+def _cols(d):
+    return [f"x{j}" for j in range(d)]
+
+
+def _backend(values, seed=0):
+    gi = np.random.default_rng([7, seed]).integers(0, 2**32, values.shape[0])
+    return NumpyAggregates({c: values[:, j] for j, c in enumerate(_cols(values.shape[1]))}, gi)
+
+
+def _key(norm: float, n_sub: int = 2) -> int:
+    """Our own log key of a positive norm with half-octave sub-edges: exact exponent by frexp."""
+    if norm < 2.0**MIN_EXPONENT:
+        return 0
+    m, e = math.frexp(norm)  # norm = m 2^e, m in [0.5, 1)
+    e -= 1  # norm = (2m) 2^e, 2m in [1, 2)
+    sub = 1 if 2 * m >= 2.0**0.5 else 0
+    return 1 + (e - MIN_EXPONENT) * n_sub + sub
+
+
+# ------------------------------------------------------------------------------------------------
+# norm_log_histogram
+# ------------------------------------------------------------------------------------------------
+
+
+def test_norm_log_histogram_matches_exact_exponents():
+    # (3, 4) -> 5; (0, 0) -> 0; (1, 1) -> sqrt 2 (exactly on the half-octave edge, rounded norm);
+    # (-8, 0) -> 8; scaled by (2, 1): (6, 4)/(2,1) = (3, 4) -> 5
+    vals = np.array([[3.0, 4.0], [0.0, 0.0], [-8.0, 0.0], [6.0, 4.0], [1e300, -1e300]])
+    be = _backend(vals)
+    got = be.norm_log_histogram(["x0", "x1"], np.zeros(2), None, ALL_PERSONS, (2.0**0.5,))
+    expect: dict[int, int] = {}
+    for v in vals:
+        # the same overflow-free scaled norm the backends use
+        s = max(abs(v[0]), abs(v[1]))
+        nrm = s * math.sqrt((v[0] / s) ** 2 + (v[1] / s) ** 2) if s > 0 else 0.0
+        nrm = min(nrm, VALUE_BOUND)  # the log key clamps at the value bound, as for any value
+        expect[_key(nrm)] = expect.get(_key(nrm), 0) + 1
+    assert got == expect
+    assert got[_key(5.0)] == 1 and got[0] == 1 and got[_key(8.0)] == 1
+    scaled = be.norm_log_histogram(["x0", "x1"], np.zeros(2), np.array([2.0, 1.0]), ALL_PERSONS, (2.0**0.5,))
+    # (6, 4) / (2, 1) = (3, 4) -> 5, (3, 4) / (2, 1) -> 4.27, (-8, 0) / (2, 1) -> 4: all in [4, 4 sqrt 2)
+    assert scaled[_key(5.0)] == 3 and _key(4.0) == _key(5.0) == _key(4.27)
+
+
+def test_norm_log_histogram_d1_is_the_absolute_deviation():
+    vals = np.array([[1.0], [-3.0], [2.5]])
+    got = _backend(vals).norm_log_histogram(["x0"], np.array([1.0]), None, ALL_PERSONS, (2.0**0.5,))
+    assert got == {0: 1, _key(4.0): 1, _key(1.5): 1}
+
+
+@pytest.mark.parametrize("extreme", [1e300, -1e300, 0.0, 5e-324])
+def test_norm_log_histogram_sensitivity_one_person_one_bin(extreme):
+    rng = np.random.default_rng(3)
+    base = rng.normal(size=(200, 3))
+    plus = np.vstack([base, [[extreme, 1.0, -2.0]]])
+    c, s = np.array([0.1, 0.2, 0.3]), np.array([1.0, 2.0, 1e-300])
+    a = NumpyAggregates({c_: base[:, j] for j, c_ in enumerate(_cols(3))}, np.arange(200))
+    b = NumpyAggregates({c_: plus[:, j] for j, c_ in enumerate(_cols(3))}, np.arange(201))
+    ha = a.norm_log_histogram(_cols(3), c, s, ALL_PERSONS, (2.0**0.5,))
+    hb = b.norm_log_histogram(_cols(3), c, s, ALL_PERSONS, (2.0**0.5,))
+    diff = {k: hb.get(k, 0) - ha.get(k, 0) for k in set(ha) | set(hb)}
+    assert sorted(v for v in diff.values() if v) == [1]
+
+
+def test_norm_log_histogram_skips_persons_missing_a_column():
+    vals = np.array([[1.0, np.nan], [1.0, 1.0]])
+    got = _backend(vals).norm_log_histogram(_cols(2), np.zeros(2), None, ALL_PERSONS)
+    assert sum(got.values()) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# plan
+# ------------------------------------------------------------------------------------------------
+
+
+def test_plan_cost_is_the_budget_and_shares_are_the_documented_ones():
+    plan = ScaleFreeMultivariatePlan(Budget(2.0, 1e-6), 4)
+    cost = plan.cost()
+    assert cost.epsilon == pytest.approx(2.0, rel=1e-12)
+    assert cost.delta == pytest.approx(1e-6, rel=1e-12)
+    eps = {c.stage: c.budget.epsilon for c in plan.charges()}
+    b = SMALL_DATA_BOOST
+    final = 1.0 - RANGE_SHARE - RANGE_RETRY_SHARE - b * (CENTRE_SHARE + SCALES_SHARE + NORM_SHARE)
+    assert eps[STAGE_FINAL] == pytest.approx(2.0 * final)
+    assert eps[STAGE_RANGES] == pytest.approx(2.0 * RANGE_SHARE)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"budget": Budget(1.0, 0.0), "d": 2}, "delta"),
+        ({"budget": Budget(1.0, 1e-6), "d": 0}, "d"),
+        ({"budget": Budget(1.0, 1e-6), "d": True}, "d"),
+        ({"budget": Budget(1.0, 1e-6), "d": 2, "k": 1.0}, "k"),
+        ({"budget": Budget(1.0, 1e-6), "d": 2, "range_quantile": 1.0}, "range_quantile"),
+        ({"budget": (1.0, 1e-6), "d": 2}, "budget"),
+    ],
+)
+def test_bad_plan_parameters_are_named(kwargs, name):
+    with pytest.raises(InvalidParameterError, match=name):
+        ScaleFreeMultivariatePlan(**kwargs)
+
+
+# ------------------------------------------------------------------------------------------------
+# runs
+# ------------------------------------------------------------------------------------------------
+
+
+def _gauss(n, d, seed, mu=5.0):
+    return mu + np.random.default_rng([11, seed]).standard_normal((n, d))
+
+
+def test_large_data_runs_without_retry_and_charges_exactly_the_budget():
+    y = _gauss(20_000, 3, 0)
+    acc = Accountant(Budget(EPS, DELTA))
+    rel = scale_free_multivariate_mean(_backend(y), _cols(3), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 3), SeededNoise(1), acc)
+    assert rel.status == STATUS_OK
+    stages = [c.stage for c in acc.charges]
+    assert STAGE_RANGES_RETRY not in stages and stages[0] == STAGE_RANGES and stages[-1] == STAGE_FINAL
+    eps, delta = composed_cost(acc.charges)
+    assert eps == pytest.approx(EPS, rel=1e-12)
+    assert delta == pytest.approx(0.75 * DELTA, rel=1e-12)  # the retry's delta/4 is never spent
+    assert (rel.epsilon, rel.delta) == pytest.approx((eps, delta))
+    # an accurate answer: noise of order sqrt(d) R sigma / n with R ~ 4, sigma ~ 5 / 0.76
+    err = np.linalg.norm(rel.estimate - y.mean(0))
+    assert err < 0.02, err
+    assert rel.error_bar.shape == (3,) and np.all(rel.error_bar > 0)
+    assert rel.parameters["tail_flag"] is False
+
+
+def test_small_data_retries_and_still_charges_the_budget():
+    y = _gauss(300, 2, 1)
+    acc = Accountant(Budget(EPS, DELTA))
+    rel = scale_free_multivariate_mean(_backend(y), _cols(2), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 2), SeededNoise(2), acc)
+    stages = [c.stage for c in acc.charges]
+    assert STAGE_RANGES_RETRY in stages
+    assert rel.status == STATUS_OK and rel.parameters["range_retried"] is True
+    eps, _ = composed_cost(acc.charges)
+    assert eps == pytest.approx(EPS, rel=1e-12)
+
+
+def test_too_few_persons_is_insufficient_and_keeps_only_the_range_charges():
+    y = _gauss(5, 2, 2)
+    acc = Accountant(Budget(EPS, DELTA))
+    rel = scale_free_multivariate_mean(_backend(y), _cols(2), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 2), SeededNoise(3), acc)
+    assert rel.status == STATUS_INSUFFICIENT and rel.estimate is None and rel.error_bar is None
+    assert [c.stage for c in acc.charges] == [STAGE_RANGES, STAGE_RANGES_RETRY]
+    assert rel.epsilon == pytest.approx(EPS * (RANGE_SHARE + RANGE_RETRY_SHARE))
+
+
+class _Raising:
+    def check_columns(self, columns):
+        if "nope" in columns:
+            raise InvalidParameterError("unknown column 'nope'")
+
+    def __getattr__(self, name):
+        raise AssertionError(f"data read before the checks: {name}")
+
+
+@pytest.mark.parametrize("columns, match", [(["x0"], "d=2"), (["x0", "x0"], "distinct"), (["x0", "nope"], "nope")])
+def test_bad_columns_are_refused_before_any_charge(columns, match):
+    acc = Accountant(Budget(EPS, DELTA))
+    with pytest.raises(InvalidParameterError, match=match):
+        scale_free_multivariate_mean(_Raising(), columns, ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 2), SeededNoise(0), acc)
+    assert acc.charges == []
+
+
+def test_plan_larger_than_the_accountant_is_refused_before_any_charge():
+    acc = Accountant(Budget(0.5, DELTA))
+    with pytest.raises(BudgetExceededError):
+        scale_free_multivariate_mean(_Raising(), _cols(2), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 2), SeededNoise(0), acc)
+    assert acc.charges == []
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.full((3000, 2), 7.0),  # constant coordinates
+        np.column_stack([np.zeros(3000), np.random.default_rng(1).normal(size=3000)]),  # one all-zero
+        np.random.default_rng(2).normal(size=(3000, 2)) * 1e150 + 1e300,  # near the value bound
+        np.random.default_rng(3).normal(size=(3000, 2)) * 1e-200,  # tiny
+    ],
+)
+def test_extreme_data_gives_a_finite_release_or_insufficient(values):
+    rel = scale_free_multivariate_mean(_backend(values), _cols(2), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 2), SeededNoise(5))
+    assert rel.status in (STATUS_OK, STATUS_INSUFFICIENT)
+    if rel.status == STATUS_OK:
+        assert np.all(np.isfinite(rel.estimate))
+        assert rel.error_bar is None or np.all(rel.error_bar >= 0)
+
+
+def test_constant_data_is_recovered():
+    y = np.full((3000, 2), 7.0)
+    rel = scale_free_multivariate_mean(_backend(y), _cols(2), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 2), SeededNoise(6))
+    assert rel.status == STATUS_OK
+    # every person sits at the same deviation from the DP centre: the clipped mean is exact up to
+    # the final noise, which the bar covers; the error is small against the DP range (width 4)
+    assert np.all(np.abs(rel.estimate - 7.0) <= rel.error_bar)
+    assert np.all(np.abs(rel.estimate - 7.0) < 0.2)
+
+
+def test_scale_equivariance():
+    """The same persons in other units (x 1e6, shifted) give the same estimate in those units
+    (every bin, radius and scale is relative; the seeded noise is the same): a power-of-two
+    factor is exact up to the data's own rounding."""
+    y = _gauss(5000, 3, 4)
+    f = 2.0**20
+    r1 = scale_free_multivariate_mean(_backend(y), _cols(3), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 3), SeededNoise(8))
+    r2 = scale_free_multivariate_mean(_backend(y * f), _cols(3), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 3), SeededNoise(8))
+    assert np.allclose(r2.estimate / f, r1.estimate, rtol=1e-9)
+
+
+def test_interpolated_median_of_a_known_profile():
+    edges = np.array([0.0, 1.0, 2.0, 4.0, np.inf])
+    w = np.array([10.0, 20.0, 10.0, 0.0])  # CDF 0.25, 0.75, 1.0: median inside [1, 2)
+    prof = DeviationProfile(edges, w, 0.0, w)
+    # half-way in CDF between 0.25 and 0.75 -> geometric midpoint of [1, 2]
+    assert _interpolated_median(prof) == pytest.approx(math.sqrt(2.0))
+    empty = DeviationProfile(edges, np.zeros(4), 0.0, np.zeros(4))
+    assert _interpolated_median(empty) == 4.0
