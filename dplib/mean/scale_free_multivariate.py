@@ -61,7 +61,9 @@ from dplib.mean.scale_free import (
     FLAG_NU,
     PROFILE_OCTAVES_ABOVE,
     PROFILE_OCTAVES_BELOW,
+    RADIUS_REACH,
     SMALL_DATA_BOOST,
+    measured_reach,
     tail_from_profile,
 )
 from dplib.mean.scale_free import PROFILE_SUB_EDGES as HALF_OCTAVE
@@ -348,6 +350,9 @@ def scale_free_multivariate_mean(
     unit = gaussian_sigma(math.sqrt(1.0 + COUNT_WEIGHT**2), eps_final, delta_final)
     # expected l2 norm of the final noise on the mean, per unit radius: sqrt(d) sigma / n
     radius = _l2_radius(model, low, 2.0 * high, math.sqrt(d) * unit / n_hat)
+    reach = RADIUS_REACH * measured_reach(profile, model)  # as the univariate mean: no far extrapolation
+    capped = radius > reach
+    radius = min(radius, reach)
     bias_bound = model.bias(radius)
     b_final = charge(STAGE_FINAL, eps_final)
     fin = clip_and_noise(backend, columns, centre, radius, scales, group, b_final, noise)
@@ -364,6 +369,7 @@ def scale_free_multivariate_mean(
     params.update(
         {
             "final_radius": radius,
+            "radius_capped": capped,
             "radius_units": "scaled (l2 ball after dividing coordinate j by scales_used[j])",
             "count_weight": w,
             "final_noisy_person_count": round(fin.n_noisy, 1),
