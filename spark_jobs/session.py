@@ -37,7 +37,29 @@ DEFAULT_CONF = {
     "spark.sql.shuffle.partitions": "8",
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.sql.session.timeZone": "UTC",
+    # Secure by default (SECURITY.md): Spark's web UI and its REST API show each stage's exact
+    # "number of output rows" (records, persons, group sizes) to anyone who reaches the port, and
+    # an event log writes the same to disk. Off unless the operator turns them on knowingly.
+    "spark.ui.enabled": "false",
+    "spark.eventLog.enabled": "false",
 }
+
+#: Settings that expose exact row counts when on, and what each reveals (logged as a warning).
+REVEALING = {
+    "spark.ui.enabled": "the Spark UI and its REST API show exact row counts of every stage (records, persons, group sizes)",
+    "spark.eventLog.enabled": "the event log writes exact row counts of every stage to disk",
+}
+
+
+def revealing_settings(effective) -> list[str]:
+    """Warnings for settings of ``effective`` (a mapping or SparkConf-like ``get``) that expose
+    exact counts; empty when the secure defaults hold."""
+    out = []
+    for key, what in REVEALING.items():
+        value = effective.get(key, "false" if key == "spark.eventLog.enabled" else "true")
+        if str(value).strip().lower() == "true":
+            out.append(f"{key}=true: {what}; turn it off unless everyone who can see it may see exact counts")
+    return out
 
 
 #: HotSpot does not JIT-compile a method above 8,000 bytes of bytecode (``DontCompileHugeMethods``).
@@ -209,4 +231,6 @@ def build_session(
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
+    for warning in revealing_settings(spark.sparkContext.getConf()):
+        log.warning(warning)
     return spark

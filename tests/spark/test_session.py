@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from spark_jobs.session import JIT_OPTION, _defaults_keys, with_jit_option
+from spark_jobs.session import DEFAULT_CONF, JIT_OPTION, _defaults_keys, revealing_settings, with_jit_option
 
 
 class _Preset:
@@ -89,3 +89,23 @@ def test_executor_jvms_run_with_the_flag(spark):
     cmds = spark.sparkContext.parallelize(range(4), 4).map(_executor_jvm_cmdline).collect()
     assert all(cmds), "no executor JVM found above the Python workers"
     assert all(JIT_OPTION in c for c in cmds)
+
+
+def test_secure_defaults_and_warnings_name_what_is_revealed():
+    assert DEFAULT_CONF["spark.ui.enabled"] == "false" and DEFAULT_CONF["spark.eventLog.enabled"] == "false"
+    assert revealing_settings(DEFAULT_CONF) == []
+    # Spark's own defaults: the UI is on unless disabled, the event log off unless enabled
+    (ui,) = revealing_settings({})
+    assert ui.startswith("spark.ui.enabled=true") and "exact row counts" in ui
+    both = revealing_settings({"spark.ui.enabled": "True", "spark.eventLog.enabled": "true"})
+    assert len(both) == 2 and "to disk" in both[1]
+
+
+@pytest.mark.spark
+def test_default_session_exposes_no_ui_port(spark):
+    """The shared test session is built by build_session with the defaults: no web UI (no port,
+    no REST API with row counts) and no event log."""
+    sc = spark.sparkContext
+    assert sc.uiWebUrl is None
+    assert sc.getConf().get("spark.ui.enabled") == "false"
+    assert sc.getConf().get("spark.eventLog.enabled", "false") == "false"
