@@ -8,6 +8,8 @@ is added here; exact answers go only to the estimators, which noise them on the 
 
 from __future__ import annotations
 
+from spark_jobs.sqlnames import qcol
+
 from typing import Sequence
 
 import numpy as np
@@ -68,7 +70,7 @@ class SparkAggregates:
                 from dplib.errors import InvalidParameterError
 
                 raise InvalidParameterError(f"unknown column {c!r}; the summaries hold {self._df.columns}")
-            cond = cond & F.col(c).isNotNull() & ~F.isnan(F.col(c))  # NaN = missing, as in numpy
+            cond = cond & qcol(c).isNotNull() & ~F.isnan(qcol(c))  # NaN = missing, as in numpy
         return self._df.where(cond)
 
     def count(self, columns: Sequence[str], group: GroupRange) -> int:
@@ -88,7 +90,7 @@ class SparkAggregates:
         from pyspark.sql import functions as F
 
         lo, hi = histogram_clamp(bin_width, offset, clamp)
-        y = F.least(F.greatest(F.col(column), F.lit(lo)), F.lit(hi))
+        y = F.least(F.greatest(qcol(column), F.lit(lo)), F.lit(hi))
         b = F.floor((y - F.lit(float(offset))) / F.lit(float(bin_width))).cast("long").alias("bin")
         rows = self._collect(self._where([column], group).select(b).groupBy("bin").count())
         return {int(r["bin"]): int(r["count"]) for r in rows}
@@ -107,7 +109,7 @@ class SparkAggregates:
         pairs = []
         for j, (col, w, off) in enumerate(zip(columns, widths, offs)):
             lo, hi = histogram_clamp(w, off, None)
-            y = F.least(F.greatest(F.col(col), F.lit(lo)), F.lit(hi))
+            y = F.least(F.greatest(qcol(col), F.lit(lo)), F.lit(hi))
             b = F.floor((y - F.lit(off)) / F.lit(w)).cast("long")
             pairs.append(F.struct(F.lit(j).alias("j"), b.alias("bin")))
         return self._multi(columns, group, pairs)
@@ -138,7 +140,7 @@ class SparkAggregates:
         bound = F.lit(VALUE_BOUND)
         first = []
         for j, (col, c) in enumerate(zip(columns, centers)):
-            x = F.least(F.greatest(F.col(col), -bound), bound) - F.lit(float(c))
+            x = F.least(F.greatest(qcol(col), -bound), bound) - F.lit(float(c))
             a = F.abs(x)
             zero = a < F.lit(2.0**MIN_EXPONENT)
             first += [
@@ -202,7 +204,7 @@ class SparkAggregates:
         from pyspark.sql import functions as F
 
         bound = F.lit(VALUE_BOUND)
-        diffs = [F.least(F.greatest(F.col(col), -bound), bound) - F.lit(float(cj)) for col, cj in zip(columns, c)]
+        diffs = [F.least(F.greatest(qcol(col), -bound), bound) - F.lit(float(cj)) for col, cj in zip(columns, c)]
         if sc is not None:
             # clamped again, as dplib.aggregates.scaled_deviations: no overflow to inf
             diffs = [F.least(F.greatest(d / F.lit(float(sj)), -bound), bound) for d, sj in zip(diffs, sc)]

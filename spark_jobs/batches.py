@@ -38,6 +38,8 @@ as the numpy twin. ``benchmarks/batch_sampling.py`` measures the plans against a
 
 from __future__ import annotations
 
+from spark_jobs.sqlnames import qcol
+
 from typing import Sequence
 
 import numpy as np
@@ -75,8 +77,8 @@ def _checked_records(df, unit_column, category_column, categories, salt_hex, lab
             raise InvalidParameterError(f"column {c!r} not found in the records; they have {sorted(df.columns)}")
     # public category list -> index (a literal map; the list is public, so plans may show it)
     mapping = F.create_map(*[x for i, c in enumerate(cats) for x in (F.lit(c), F.lit(i))])
-    cat = F.coalesce(mapping[F.col(category_column).cast("string")], F.lit(len(cats))).cast("int")
-    uid = F.col(unit_column)
+    cat = F.coalesce(mapping[qcol(category_column).cast("string")], F.lit(len(cats))).cast("int")
+    uid = qcol(unit_column)
     return df.where(_valid_id(uid, null_values)), uid.cast("string").alias("_pid"), cat.alias("_cat")
 
 
@@ -87,7 +89,7 @@ def _labelled_records(df, unit_column, category_column, categories, salt_hex, la
 
     label_cols = _label_columns(label_columns, category_column)
     records, pid, cat = _checked_records(df, unit_column, category_column, categories, salt_hex, label_cols, null_values)
-    label = F.sha2(F.to_json(F.struct(*[F.col(c) for c in label_cols])), 256)
+    label = F.sha2(F.to_json(F.struct(*[qcol(c) for c in label_cols])), 256)
     return records.select(pid, cat, label.alias("_label"))
 
 
@@ -275,7 +277,7 @@ def _category_counts(df, unit_column, category_column, categories, salt_hex, nul
     # grouped by the JSON text itself (not the raw value: grouping normalises -0.0 and NaN of a
     # floating category column, the per-record path does not)
     counted = (
-        records.select(pid, F.to_json(F.struct(F.col(category_column))).alias("_json"), cat)
+        records.select(pid, F.to_json(F.struct(qcol(category_column))).alias("_json"), cat)
         .groupBy("_pid", "_json", "_cat")
         .agg(F.count(F.lit(1)).alias("_cnt"))
     )

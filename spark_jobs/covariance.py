@@ -30,6 +30,8 @@ level only and never released (spec §7.5).
 
 from __future__ import annotations
 
+from spark_jobs.sqlnames import qcol
+
 import logging
 import math
 import pickle
@@ -102,9 +104,9 @@ def vectors_from_summary(summary, columns: list[str]):
         raise InvalidParameterError(f"the summary lacks column(s) {missing} (summarize with keep_id=True over them)")
     cond = None
     for c in columns:
-        ok = F.col(c).isNotNull()
+        ok = qcol(c).isNotNull()
         cond = ok if cond is None else cond & ok
-    clamp = [F.least(F.greatest(F.col(c), F.lit(-VALUE_BOUND)), F.lit(VALUE_BOUND)).alias(c) for c in columns]
+    clamp = [F.least(F.greatest(qcol(c), F.lit(-VALUE_BOUND)), F.lit(VALUE_BOUND)).alias(c) for c in columns]
     return summary.where(cond).select("_pid", *clamp)
 
 
@@ -150,7 +152,7 @@ class SparkPersonVectors:
         xs = [f"_x{j}" for j in range(self.d)]
         persons = self._df.select(
             F.concat(F.lit(PERSON_PREFIX), F.col("_pid")).alias("_key_src"),
-            *[F.col(c).cast("double").alias(x) for c, x in zip(self._columns, xs)],
+            *[qcol(c).cast("double").alias(x) for c, x in zip(self._columns, xs)],
         )
         # the padding size comes from the exact count: it enters as broadcast data, never as a
         # literal (``spark.range(pad)`` would print it in query plans and the Spark UI); the

@@ -45,6 +45,8 @@ Record rules (documented in README.md):
 
 from __future__ import annotations
 
+from spark_jobs.sqlnames import qcol
+
 import math
 
 from dplib.errors import InvalidParameterError
@@ -118,7 +120,7 @@ def summarize(
     labels = list(value_columns) if label_columns is None else list(label_columns)
     if cap is not None and not set(value_columns) <= set(labels):
         raise InvalidParameterError("label_columns must include every value column")
-    uid = F.col(unit_column)
+    uid = qcol(unit_column)
     if cap is not None:
         # invalid ids dropped first: their records never reach the keyed draw
         records = df.where(_valid_id(uid, null_values))
@@ -132,7 +134,7 @@ def summarize(
     per_person = _limb_sums(rows, value_columns, names)
     # (Spark pushes a filter on a grouping key below the aggregation; tying the test to an
     # aggregate output keeps it above: every group has a count >= 0.)
-    kept = F.when(F.col(f"_m_{value_columns[0]}") >= 0, _valid_id(F.col("_pid"), null_values)).otherwise(F.lit(False))
+    kept = F.when(qcol(f"_m_{value_columns[0]}") >= 0, _valid_id(F.col("_pid"), null_values)).otherwise(F.lit(False))
     return _finish(per_person.where(kept), df, value_columns, salt_hex, m_min, keep_id)
 
 
@@ -141,7 +143,7 @@ def _usable(c):
     ``[-CLAMP, CLAMP]``."""
     from pyspark.sql import functions as F
 
-    v = F.col(c).try_cast("double")  # CSV strings: a non-number becomes null (dropped)
+    v = qcol(c).try_cast("double")  # CSV strings: a non-number becomes null (dropped)
     # Spark's least/greatest skip nulls (greatest(null, x) = x): test for null first.
     bad = v.isNull() | F.isnan(v) | (F.abs(v) == F.lit(float("inf")))
     return F.when(bad, F.lit(None).cast("double")).otherwise(F.least(F.greatest(v, F.lit(-CLAMP)), F.lit(CLAMP)))
@@ -190,7 +192,7 @@ def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
     from spark_jobs.batches import KEY_HEX_DIGITS, _with_record_key, number_copies
 
     names = [f"_v{i}" for i in range(len(value_columns))]
-    label = F.sha2(F.to_json(F.struct(*[F.col(c) for c in label_columns])), 256)
+    label = F.sha2(F.to_json(F.struct(*[qcol(c) for c in label_columns])), 256)
     rec = records.select(
         uid.cast("string").alias("_pid"), label.alias("_label"),
         F.struct(*[_usable(c).alias(n) for c, n in zip(value_columns, names)]).alias("_rec"),
@@ -218,9 +220,9 @@ def _finish(per_person, df, value_columns, salt_hex, m_min, keep_id):
     for c in value_columns:
         total = F.lit(0.0)
         for i in range(LIMBS - 1, -1, -1):  # high limb first, as dplib.summary.total_from_limb_sums
-            total = total + F.col(f"_s{i}_{c}").cast("double") * F.lit(math.ldexp(1.0, LIMB_BITS * i - SHIFT))
-        means.append(F.when(F.col(f"_m_{c}") > 0, total / F.col(f"_m_{c}")).alias(f"_avg_{c}"))
-    per_person = per_person.select("_pid", *[F.col(f"_m_{c}") for c in value_columns], *means)
+            total = total + qcol(f"_s{i}_{c}").cast("double") * F.lit(math.ldexp(1.0, LIMB_BITS * i - SHIFT))
+        means.append(F.when(qcol(f"_m_{c}") > 0, total / qcol(f"_m_{c}")).alias(f"_avg_{c}"))
+    per_person = per_person.select("_pid", *[qcol(f"_m_{c}") for c in value_columns], *means)
     # The salt enters as data of a one-row broadcast table, not as a literal: literals are
     # printed in query plans (Spark UI, event logs, explain()), table rows are not.
     salt_df = df.sparkSession.createDataFrame([(salt_hex,)], "_salt string")
@@ -228,6 +230,6 @@ def _finish(per_person, df, value_columns, salt_hex, m_min, keep_id):
     group = F.conv(F.substring(F.sha2(F.concat(F.col("_salt"), F.col("_pid")), 256), 1, 8), 16, 10).cast("long")
     cols = [group.alias("_group")] + ([F.col("_pid")] if keep_id else [])
     for c in value_columns:
-        cols.append(F.when(F.col(f"_m_{c}") >= m_min, F.col(f"_avg_{c}")).alias(c))
-        cols.append(F.col(f"_m_{c}"))
+        cols.append(F.when(qcol(f"_m_{c}") >= m_min, qcol(f"_avg_{c}")).alias(c))
+        cols.append(qcol(f"_m_{c}"))
     return per_person.select(*cols)
