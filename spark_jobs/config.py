@@ -10,6 +10,8 @@ import difflib
 import hashlib
 import json
 import math
+import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -19,8 +21,26 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from dplib.errors import ConfigError
 
 
+def _takes_number(annotation) -> bool:
+    """True if a field annotation admits a float or int (bare, optional or in a union)."""
+    if annotation in (float, int):
+        return True
+    return any(_takes_number(a) for a in typing.get_args(annotation)) if typing.get_origin(annotation) in (
+        typing.Union, types.UnionType) else False
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data):
+        """YAML's ``true`` is not a number: ``epsilon: true`` must not become 1.0."""
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                if isinstance(data.get(name), bool) and _takes_number(field.annotation):
+                    raise ValueError(f"{name}: must be a number, got a boolean ({str(data[name]).lower()})")
+        return data
 
 
 class InputConfig(_Frozen):
@@ -43,6 +63,13 @@ class PrivacyUnitConfig(_Frozen):
     null_values: tuple[str, ...] = ("", "NA", "null", "NULL", "None")
 
 
+#: A run's epsilon must lie in this range: below it the noise scales of the smallest stage shares
+#: overflow (1e-310 gave an infinite Laplace scale after the reservation); above it the "noise" is
+#: negligible and the privacy statement meaningless (an error bar at epsilon 1e300 misses by orders
+#: of magnitude).
+RUN_EPSILON_RANGE = (1e-4, 100.0)
+
+
 class _EpsilonDelta(_Frozen):
     """Validation shared by budgets and limits: epsilon finite > 0, delta in [0, 1)."""
 
@@ -55,6 +82,7 @@ class _EpsilonDelta(_Frozen):
         if not math.isfinite(v) or v <= 0:
             raise ValueError(f"must be finite and > 0 (got {v!r})")
         return v
+
 
     @field_validator("delta")
     @classmethod
@@ -77,6 +105,14 @@ class BudgetConfig(_EpsilonDelta):
     epsilon: float
     delta: float = 1e-6
     budget_mode: Literal["sequential"] = "sequential"
+
+    @field_validator("epsilon")
+    @classmethod
+    def _run_eps(cls, v: float) -> float:
+        lo, hi = RUN_EPSILON_RANGE
+        if not (lo <= v <= hi):
+            raise ValueError(f"must be in [{lo:g}, {hi:g}] for one run (got {v!r})")
+        return v
 
     @field_validator("budget_mode", mode="before")
     @classmethod
@@ -675,6 +711,21 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return out
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML SafeLoader that refuses a mapping with a repeated key (YAML would keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (YAML would silently keep the last value)", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
     """Read a YAML job config, apply ``dotted.key=value`` overrides, validate.
 
@@ -687,7 +738,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> JobConf
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.load(p.read_text(), Loader=_StrictLoader)
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {p} is not valid YAML: {str(err).replace('<unicode string>', str(p))}") from err
     return parse_config(apply_overrides(data or {}, overrides or []))

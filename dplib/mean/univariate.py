@@ -116,6 +116,13 @@ class UnivariateMeanPlan:
             raise InvalidParameterError(
                 f"coarse_fraction must be in [0.05, 0.95], got {self.coarse_fraction!r}"
             )
+        # every public quantity the stages use must be a finite, normal number (a scale of 1e308 gave
+        # an infinite bin width after the reservation; a subnormal one loses all precision)
+        if not (1e-300 <= self.bin_width and math.isfinite(self.coarse_error_bound) and self.coarse_error_bound < 1e300):
+            raise InvalidParameterError(
+                f"scale {self.scale!r} gives a bin width {self.bin_width!r} and a coarse error bound "
+                f"{self.coarse_error_bound!r} outside [1e-300, 1e300]: declare the scale in other units"
+            )
         if self.budget.delta == 0.0:
             if self.range_bound is None:
                 raise InvalidParameterError(

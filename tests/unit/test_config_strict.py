@@ -1,0 +1,76 @@
+"""Strict configs (issue 20, defect 9 and the epsilon / scale cases of defect 2): a YAML boolean
+is not a number, a repeated key is refused, and a run's epsilon must lie in a range where every
+stage's noise scale is finite. All refused by the config check, before any budget is reserved."""
+
+from __future__ import annotations
+
+import pytest
+
+from dplib.errors import ConfigError
+from spark_jobs.config import RUN_EPSILON_RANGE, load_config, parse_config
+
+
+def _data(tmp_path, budget=None, stat=None, ledger=None):
+    return {
+        "job_name": "strict", "input": {"path": str(tmp_path / "x.parquet"), "format": "parquet"},
+        "privacy_unit": {"column": "user"}, "budget": {"epsilon": 1.0, "delta": 1e-6, **(budget or {})},
+        "statistics": [{"name": "x_mean", "kind": "mean", "columns": ["x"], "share": 1.0, **(stat or {})}],
+        "output": {"path": str(tmp_path / "out")}, "ledger": {"population": "users", **(ledger or {})},
+    }
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"budget": {"epsilon": True}}, "epsilon"),
+        ({"budget": {"delta": False}}, "delta"),
+        ({"stat": {"share": True}}, "share"),
+        ({"stat": {"options": {"scale": True}}}, "scale"),
+        ({"ledger": {"initial_limit": {"epsilon": True}}}, "epsilon"),
+    ],
+)
+def test_a_boolean_is_not_a_number(tmp_path, kw, field):
+    with pytest.raises(ConfigError, match=f"{field}: must be a number, got a boolean"):
+        parse_config(_data(tmp_path, **kw))
+
+
+def test_numbers_still_accepted_as_ints_and_floats(tmp_path):
+    cfg = parse_config(_data(tmp_path, budget={"epsilon": 2}, stat={"share": 1}))
+    assert cfg.budget.epsilon == 2.0
+
+
+@pytest.mark.parametrize("eps", [1e-310, 1e-5, 101.0, 1e300])
+def test_run_epsilon_out_of_the_safe_range_is_refused(tmp_path, eps):
+    with pytest.raises(ConfigError, match="epsilon") as err:
+        parse_config(_data(tmp_path, budget={"epsilon": eps}))
+    assert f"{RUN_EPSILON_RANGE[0]:g}" in str(err.value)
+
+
+@pytest.mark.parametrize("eps", list(RUN_EPSILON_RANGE))
+def test_run_epsilon_at_the_range_ends_is_accepted(tmp_path, eps):
+    assert parse_config(_data(tmp_path, budget={"epsilon": eps})).budget.epsilon == eps
+
+
+def test_duplicate_yaml_keys_are_refused(tmp_path):
+    text = (
+        "job_name: strict\ninput: {path: x.parquet}\nprivacy_unit: {column: user}\n"
+        "budget:\n  epsilon: 1.0\n  epsilon: 50.0\n"
+        "statistics: [{name: m, kind: mean, columns: [x], share: 1.0}]\noutput: {path: out}\nledger: {enabled: false}\n"
+    )
+    p = tmp_path / "dup.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match="duplicate key 'epsilon'"):
+        load_config(p)
+    p.write_text(text.replace("  epsilon: 50.0\n", ""))
+    assert load_config(p).budget.epsilon == 1.0
+
+
+@pytest.mark.parametrize("scale", [1e308, 1e-320])
+def test_a_declared_scale_whose_bins_overflow_is_refused_by_the_plan(tmp_path, scale):
+    """The plan is built from the config alone, before the ledger reserves anything."""
+    from dplib.errors import InvalidParameterError
+    from spark_jobs.job import plan_job
+
+    cfg = parse_config(_data(tmp_path, stat={"options": {"scale": scale}}))
+    with pytest.raises((ConfigError, InvalidParameterError), match="scale"):
+        plan_job(cfg)
