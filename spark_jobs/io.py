@@ -55,7 +55,12 @@ def read_records(spark, path: str, fmt: str, csv_options: dict[str, str] | None 
             # "x" would turn a numeric id column into strings and merge or split others). Every
             # column is read as a string; value columns are cast per record in summarize, and a
             # token that is not a number is dropped like NaN.
-            opts = {"header": "true", "nullValue": ""}
+            # multiLine: a quoted field may hold newlines (without it one record with a quoted
+            # newline became two invented persons). PERMISSIVE, record by record: a row with too
+            # few fields gets nulls for the missing ones (a null value is dropped like NaN, a null
+            # id drops the record); extra fields are ignored. Never a refusal that depends on the
+            # data.
+            opts = {"header": "true", "nullValue": "", "multiLine": "true", "escape": '"', "mode": "PERMISSIVE"}
             opts.update(csv_options or {})
             opts["inferSchema"] = "false"
             return spark.read.options(**opts).csv(path)

@@ -23,7 +23,8 @@ NULL_IDS = ("", "NA", "null", "NULL", "None")
 def _is_person(pid: object, null_values: Sequence[str]) -> bool:
     if pid is None or (isinstance(pid, float) and not np.isfinite(pid)):
         return False
-    return str(pid).strip() not in null_values
+    # spaces only, as Spark's trim() in the job: a tab or a non-breaking space is part of the id in both
+    return str(pid).strip(" ") not in null_values
 
 
 def person_means(
