@@ -128,3 +128,72 @@ def check_columns_present(present, needed) -> None:
     for col in needed:
         if col not in present:
             raise InputDataError(f"column {col!r} not found in the input; it has {sorted(present)}")
+
+
+def check_parquet_files(files, unit_column: str, value_columns: list[str], categorical: list[str]) -> None:
+    """Every Parquet file of the input holds every needed column, each with the same type in
+    every file, and the job's usable types (read from the file footers only, never the data).
+
+    Spark reads one file's schema: a file where a value column has another type failed inside
+    Spark after the budget was reserved, and a file without it silently lost its persons' values.
+    Local files are read with pyarrow; remote ones (``s3a://`` ...) are skipped here (the job merges
+    their schemas with :func:`check_remote_parquet_types`, which catches conflicting types but not a
+    column missing from some files).
+
+    Raises
+    ------
+    InputDataError
+        Naming the column and the file (its base name) that breaks the rule.
+    """
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    needed = [unit_column] + list(value_columns) + [c for c in categorical if c not in value_columns]
+    first: dict[str, tuple[str, str]] = {}
+    for uri in sorted(files):
+        parsed = urlparse(uri)
+        if parsed.scheme not in ("", "file"):
+            continue
+        local = parsed.path if parsed.scheme else uri
+        name = os.path.basename(local)
+        try:
+            schema = from_arrow_schema(pq.read_schema(local))
+        except Exception as err:
+            raise InputDataError(f"cannot read the Parquet footer of input file {name!r}: {str(err)[:200]}") from err
+        fields = {f.name: f for f in schema.fields}
+        for col in needed:
+            if col not in fields:
+                raise InputDataError(
+                    f"column {col!r} is missing from input file {name!r} (other files have it); every file of "
+                    "input.path must hold every column the job reads"
+                )
+            t = fields[col].dataType.simpleString()
+            if col in first and first[col][0] != t:
+                raise InputDataError(
+                    f"column {col!r} has type {t} in input file {name!r} but {first[col][0]} in {first[col][1]!r}; "
+                    "every file of input.path must use one type per column"
+                )
+            first.setdefault(col, (t, name))
+
+        class _Frame:  # what validate_schema reads of a DataFrame
+            pass
+
+        frame = _Frame()
+        frame.schema = schema
+        validate_schema(frame, unit_column, list(value_columns), "parquet")
+
+
+def is_local(uri: str) -> bool:
+    """True for a local path or ``file:`` URI."""
+    return urlparse(uri).scheme in ("", "file")
+
+
+def check_remote_parquet_types(spark, path: str) -> None:
+    """Remote Parquet input: merge the footers' schemas (metadata only, a Spark job over the
+    footers): conflicting types of one column fail here, before any reservation, instead of
+    inside the summarize pass. (A column missing from some remote files is not detected.)"""
+    try:
+        spark.read.option("mergeSchema", "true").parquet(path).schema
+    except Exception as err:
+        msg = str(err).splitlines()[0][:300]
+        raise InputDataError(f"the files of input.path {path!r} disagree on a column's type: {msg}") from err

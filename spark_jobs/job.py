@@ -560,6 +560,12 @@ def run_job(
     records = sio.read_records(spark, input_path, cfg.input.format, cfg.input.csv_options)
     sio.validate_schema(records, cfg.privacy_unit.column, columns, cfg.input.format)
     sio.check_columns_present(records.columns, cfg.categorical_columns())
+    if cfg.input.format == "parquet":
+        # every file's footer, not only the one Spark took its schema from (before the reservation)
+        files = records.inputFiles()
+        sio.check_parquet_files(files, cfg.privacy_unit.column, columns, cfg.categorical_columns())
+        if any(not sio.is_local(f) for f in files):
+            sio.check_remote_parquet_types(spark, input_path)
     sio.check_not_empty(records, cfg.input.path)
     lineage = sio.lineage(spark, records, input_path, cfg.input.format)
     log.info("input validated (%s, %s)", cfg.input.path, cfg.input.format)
