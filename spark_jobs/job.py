@@ -655,9 +655,13 @@ def run_job(
     finally:
         if summary is not None:
             summary.unpersist()
-    if ledger is not None and reservation is not None:
-        ledger.mark(population, run_id, reservation.attempt, "released")
     eps, delta = accountant.cost()
+    if ledger is not None and reservation is not None:
+        # the realised cost: stages that a DP outcome stopped (a range that released nothing, a
+        # retry that was not needed) were never charged and are refunded; nothing else is
+        refund = ledger.settle(population, run_id, reservation.attempt, eps, delta)
+        if refund[0] > 0 or refund[1] > 0:
+            log.info("ledger: refunded epsilon=%g delta=%g of stages that never ran", *refund)
     log.info(
         "run %s: %d release row(s) committed to %s (spent epsilon=%.6g delta=%.3g)",
         run_id, len(rows), table, eps, delta,

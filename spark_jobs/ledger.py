@@ -315,6 +315,37 @@ class Ledger:
 
         self._commit(build)
 
+    def settle(self, population: str, run_id: str, attempt: int, epsilon: float, delta: float) -> tuple[float, float]:
+        """Mark a ``reserved`` entry ``released`` and refund what the run did not spend.
+
+        ``(epsilon, delta)`` is the run's realised composed cost: stages that never started
+        because an earlier DP outcome (or the public plan) stopped a statistic are not charged.
+        Which stages ran depends only on DP outputs, so the refunded amount is post-processing.
+        The entry keeps the realised cost and the population's spent budget drops by the
+        difference, in one commit. Returns the refund ``(epsilon, delta)`` (0 if the entry is not
+        ``reserved`` any more).
+        """
+
+        def build(table):
+            entries = [r for r in self.rows(table) if r["kind"] == "entry" and r["population"] == population
+                       and r["run_id"] == run_id and r["attempt"] == attempt and r["status"] == "reserved"]
+            if not entries:
+                return (0.0, 0.0), []
+            entry = entries[0]
+            spent_e = min(max(float(epsilon), 0.0), entry["epsilon"])
+            spent_d = min(max(float(delta), 0.0), entry["delta"])
+            refund = (entry["epsilon"] - spent_e, entry["delta"] - spent_d)
+            rows = [{**entry, "status": "released", "epsilon": spent_e, "delta": spent_d, "updated_at": _now()}]
+            cur = self.population(population, table)
+            if cur is not None and (refund[0] > 0 or refund[1] > 0):
+                rows.append(_row(kind="population", population=population, limit_epsilon=cur.limit_epsilon,
+                                 limit_delta=cur.limit_delta, spent_epsilon=max(cur.spent_epsilon - refund[0], 0.0),
+                                 spent_delta=max(cur.spent_delta - refund[1], 0.0)))
+            return refund, rows
+
+        refund, _ = self._commit(build)
+        return refund
+
     def reconcile(self, population: str, released_run_ids: set[str]) -> int:
         """Mark ``reserved`` entries whose run id has rows in the releases table as ``released``
         (a crash between the release commit and the ledger update). Returns how many changed."""

@@ -204,3 +204,36 @@ def test_two_jobs_overlap_room_for_one(tmp_path):
     assert [e["status"] for e in led.entries("events-users")] == ["released"]
     assert spent_is_consistent(led, "events-users")
     assert len(read_delta(str(tmp_path / "out" / "releases")).to_pandas()) == 1
+
+
+def test_stages_a_dp_outcome_stopped_are_refunded(spark, tmp_path):
+    """Issue 20, defect 6: the ledger kept the whole reservation when a statistic stopped early.
+    Ten persons: the scale-free mean's range (and its retry) release nothing, so only those two
+    stages (0.04 + 0.20 of the share, delta/2 each) are charged; a second statistic that runs to
+    the end spends its whole share but only half its delta (no retry needed). The ledger entry,
+    the population's spent budget and the release rows agree on the realised cost."""
+    rng = np.random.default_rng(3)
+    p = tmp_path / "tiny.parquet"
+    big = rng.integers(0, 3000, 30000)
+    pd.DataFrame({"user": [f"u{i}" for i in big], "x": rng.normal(5, 2, big.size),
+                  "y": np.where(big < 10, 1.0, np.nan)}).to_parquet(p)
+    data = {
+        "job_name": "refund-test", "input": {"path": str(p)}, "privacy_unit": {"column": "user"},
+        "budget": {"epsilon": 2.0, "delta": 1e-6},
+        "statistics": [{"name": "y_mean", "kind": "mean", "columns": ["y"], "share": 0.5},
+                       {"name": "x_mean", "kind": "mean", "columns": ["x"], "share": 0.5}],
+        "output": {"path": str(tmp_path / "out")},
+        "ledger": {"population": "refund-users", "initial_limit": {"epsilon": 10.0, "delta": 1e-4}},
+    }
+    result = run_job(parse_config(data), spark=spark, noise=SeededNoise(5), run_id="refund-1")
+    rows = {r.statistic: r for r in result.rows}
+    assert rows["y_mean"].status == "INSUFFICIENT_DATA" and rows["x_mean"].status == "OK"
+    expect_eps = 1.0 * (0.04 + 0.20) + 1.0
+    expect_delta = 0.5e-6 + 0.25e-6  # y: both range runs (delta/2 each of its 0.5e-6); x: the first run only
+    assert result.epsilon_spent == pytest.approx(expect_eps) and result.delta_spent == pytest.approx(expect_delta)
+    led = Ledger(str(tmp_path / "out" / "privacy_ledger"))
+    pop = led.population("refund-users")
+    assert pop.spent_epsilon == pytest.approx(expect_eps) and pop.spent_delta == pytest.approx(expect_delta)
+    (entry,) = led.entries("refund-users")
+    assert entry["status"] == "released" and entry["epsilon"] == pytest.approx(expect_eps)
+    assert spent_is_consistent(led, "refund-users")
