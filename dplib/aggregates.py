@@ -16,8 +16,9 @@ Conventions shared by both backends (they are part of the contract):
 - A person's value of a column is *missing* (NaN here, null in Spark) when the person has no
   usable record for it; such persons are left out of every aggregate over that column.
 - Histogram bins of a value ``y``: ``floor((clamp(y, lo, hi) - offset) / bin_width)`` with
-  ``[lo, hi] = offset -/+ MAX_BINS_FROM_OFFSET * bin_width`` unless a narrower clamp is given, so
-  an extreme value (1e308) cannot overflow a bin index.
+  ``[lo, hi] = offset -/+ MAX_BINS_FROM_OFFSET * bin_width``, cut to ``+-VALUE_BOUND``, unless a
+  narrower clamp is given, so an extreme value (1e308) or a huge bin width cannot overflow a bin
+  index.
 - Clipping: values and the centre are first clamped to ``[-VALUE_BOUND, VALUE_BOUND]`` (1e300);
   ``clip_{radius, center}(y) = center + (y - center) * min(1, radius / ||y - center||_2)``;
   for one column it is truncation to ``[center - radius, center + radius]``, computed with
@@ -180,7 +181,9 @@ def histogram_clamp(bin_width: float, offset: float, clamp: tuple[float, float] 
         raise InvalidParameterError(f"offset must be finite, got {offset!r}")
     if clamp is None:
         span = MAX_BINS_FROM_OFFSET * bin_width
-        return offset - span, offset + span
+        # finite ends, within the value bound: a huge bin width (a DP range near 2^997) must not
+        # give an infinite clamp (a value of 1.8e308 then overflowed its bin index)
+        return max(offset - span, -VALUE_BOUND), min(offset + span, VALUE_BOUND)
     lo, hi = float(clamp[0]), float(clamp[1])
     if not (np.isfinite(lo) and np.isfinite(hi) and lo <= hi):
         raise InvalidParameterError(f"clamp must be a finite interval lo <= hi, got {clamp!r}")
@@ -286,7 +289,8 @@ def clip_deviations(
     if values.shape[1] == 1:
         return np.minimum(np.maximum(diff, -radius), radius)
     norm = deviation_norms(diff)
-    factor = np.where(norm > radius, radius / np.where(norm > 0, norm, 1.0), 1.0)
+    with np.errstate(over="ignore", divide="ignore"):  # rows that are not clipped may overflow here
+        factor = np.where(norm > radius, radius / np.where(norm > 0, norm, 1.0), 1.0)
     return diff * factor[:, None]
 
 

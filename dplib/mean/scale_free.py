@@ -13,9 +13,9 @@ scale s, the range R) replaced by private estimates (:mod:`dplib.mean.ranges`). 
  2    centre                  0.04                        RangeEstimator on [L - W, U + W], bins of
                                                           W/8, pure; argmax bin refined by the
                                                           centroid of its neighbourhood -> c
- 3    deviation profile       0.10                        pure histogram of |Y - c| on quarter
+ 3    deviation profile       0.10                        pure histogram of |Y - c| on half
                                                           octaves -> tail model, radius rho
- 4    fine clip-and-noise     the rest (0.82, or 0.62)    Laplace on (sum trunc(Y - c, rho), w n)
+ 4    fine clip-and-noise     the rest (0.82, or 0.48)    Laplace on (sum trunc(Y - c, rho), w n)
 ====  =====================  ==========================  =======================================
 
 Stage 1 runs a second time, with a larger share, only when its first run released no bucket (a DP
@@ -28,7 +28,8 @@ brings the error to the level of clamping with well-chosen bounds.
 
 Radius: the one that minimises a DP estimate of (clipping bias + Laplace noise) read off the
 deviation profile's tail model (measured survival of ``|Y - c|``, extended beyond what the profile
-measures by the power law fitted to its tail). The error bar covers the exact dataset statistic
+measures by a Student-t tail fitted to its bins, taken ``NU_MARGIN`` degrees of freedom heavier),
+capped at ``RADIUS_REACH`` (8) times how far the profile measures (parameter ``radius_capped``). The error bar covers the exact dataset statistic
 (mean over all persons of each person's mean): Laplace noise of the fine stage (sum and count)
 plus the model's bound on the clipping bias. A fitted tail heavier than ``x^-2`` (infinite
 variance) or persons beyond the profile's top edge set ``tail_flag``: the bar then rests on an
@@ -332,6 +333,7 @@ def scale_free_person_mean(
             plan.range_octaves,
         )
     if rng_out is None:
+        params["range_retried"] = retried
         return _insufficient(
             "no magnitude bucket passed the threshold (too few persons for the scale-free estimator "
             "at this budget: it needs roughly 50/epsilon persons in one octave; or declare options.scale)",

@@ -70,7 +70,7 @@ from dplib.mean.scale_free import PROFILE_SUB_EDGES as HALF_OCTAVE
 from dplib.mechanisms import NoiseSource, gaussian_sigma
 
 ALGORITHM = "agarwal2024-multivariate-person-mean/scale-free"
-ALGORITHM_VERSION = "1"
+ALGORITHM_VERSION = "2"
 
 STAGE_RANGES = "coordinate ranges"
 STAGE_RANGES_RETRY = "coordinate ranges (retry)"

@@ -258,3 +258,28 @@ def test_interpolated_median_of_a_known_profile():
     assert _interpolated_median(prof) == pytest.approx(math.sqrt(2.0))
     empty = DeviationProfile(edges, np.zeros(4), 0.0, np.zeros(4))
     assert _interpolated_median(empty) == 4.0
+
+
+def test_huge_bins_keep_an_extreme_person_in_the_top_bin():
+    """Review finding: a bin width near 2^997 made the default clamp infinite and a person at
+    1.8e308 overflowed its bin index to the bottom bin. Now: the top bin, no warning."""
+    import warnings
+
+    vals = np.array([[1.797e308], [0.0], [-1.797e308]])
+    w = 2.0**997 / 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (h,) = _backend(vals).histograms(["x0"], [w], [-2.0**997], ALL_PERSONS)
+    top = int(np.floor((1e300 + 2.0**997) / w))
+    assert h == {top: 1, int(np.floor(2.0**997 / w)): 1, int(np.floor((-1e300 + 2.0**997) / w)): 1}
+
+
+def test_clip_of_tiny_norms_raises_no_warning():
+    import warnings
+
+    from dplib.aggregates import clip_deviations
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = clip_deviations(np.array([[1e-320, 0.0], [3.0, 4.0]]), np.zeros(2), 1e10)
+    assert np.array_equal(out, np.array([[1e-320, 0.0], [3.0, 4.0]]))
