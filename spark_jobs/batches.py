@@ -370,3 +370,58 @@ class SparkBatchAggregates:
         (row,) = self._collect(df.agg(*aggs))
         total = [0 if row[f"s{j}"] is None else int(row[f"s{j}"]) for j in range(k)]
         return np.array([float(t) for t in total]) * (radius / QUANT_SCALE), int(row["n"])
+
+
+def person_shares(
+    df,
+    unit_column: str,
+    category_column: str,
+    categories: Sequence[str],
+    salt_hex: str,
+    null_values: Sequence[str] = ("", "NA", "null", "NULL", "None"),
+):
+    """Records -> one row per person: ``_group`` and ``units`` (array<long>, k entries), the
+    person's fixed-point category shares over all records,
+    ``round_half_even(c_ij / M_i * 2^30)`` (:func:`dplib.distribution.shares.share_units`: the same
+    IEEE division and power-of-two product, Spark's ``bround``). One shuffle by person.
+
+    Returns
+    -------
+    DataFrame ``(_group long, units array<long>)`` (lazy; persist it).
+    """
+    from pyspark.sql import functions as F
+
+    from dplib.distribution.shares import SHARE_SCALE
+
+    k = len(check_categories(categories)) + 1
+    counted = _category_counts(df, unit_column, category_column, categories, salt_hex, null_values)
+    per = counted.groupBy("_pid").pivot("_cat", list(range(k))).agg(F.sum("_cnt"))
+    cnts = [F.coalesce(F.col(str(j)), F.lit(0)).cast("double") for j in range(k)]
+    total = cnts[0]
+    for c in cnts[1:]:
+        total = total + c
+    per = per.select("_pid", *[c.alias(f"_c{j}") for j, c in enumerate(cnts)], total.alias("_total"))
+    units = F.array(*[F.bround(F.col(f"_c{j}") / F.col("_total") * F.lit(SHARE_SCALE), 0).cast("long") for j in range(k)])
+    return _with_group(per.select("_pid", units.alias("units")), salt_hex).select("_group", "units")
+
+
+class SparkShareSums:
+    """The Spark backend of :class:`dplib.distribution.shares.ShareAggregates` over
+    :func:`person_shares`: one aggregation per call, k + 1 numbers back, exact (decimal) sums."""
+
+    def __init__(self, shares, k: int) -> None:
+        self._df = shares
+        self.k = int(k)
+        self.rows_collected = 0
+
+    def share_sums(self, group: GroupRange) -> tuple[int, tuple[int, ...]]:
+        from pyspark.sql import functions as F
+
+        lo, hi = group.bounds
+        df = self._df.where((F.col("_group") >= F.lit(lo)) & (F.col("_group") < F.lit(hi)))
+        u = F.col("units")
+        exprs = [F.count(F.lit(1)).alias("n")] + [F.sum(u[j].cast("decimal(38,0)")).alias(f"s{j}") for j in range(self.k)]
+        rows = df.agg(*exprs).collect()
+        self.rows_collected += len(rows)
+        (row,) = rows
+        return int(row["n"]), tuple(0 if row[f"s{j}"] is None else int(row[f"s{j}"]) for j in range(self.k))

@@ -214,9 +214,12 @@ class DistributionOptions(_Frozen):
 
     ``categories``: the **public, fixed** category list (written in the config from public
     knowledge, never derived from the data); values outside it and nulls count as ``OTHER``,
-    appended as the last coordinate. ``m``: draws per person (persons with fewer records are
-    left out; more: m drawn uniformly without replacement in keyed-hash order).
-    ``estimator``: P0 (pooled Laplace, pure epsilon), P1 (l1-clipped Laplace around a private
+    appended as the last coordinate. ``estimator``: ``shares`` (the default without ``m``:
+    Laplace on the sum of each person's category shares over **all** their records; pure
+    epsilon; ``dplib.distribution.shares``), or a batch estimator that draws ``m`` records per
+    person (the default with ``m`` is P0). ``m``: draws per person (persons with fewer records are
+    left out; more: m drawn uniformly without replacement in keyed-hash order). Batch estimators:
+    P0 (pooled Laplace, pure epsilon), P1 (l1-clipped Laplace around a private
     centre, pure epsilon), P2 (l2-clipped Gaussian, needs delta > 0) or P3 (robust and private:
     exponential mechanism on a simplex grid with the certified FRC score, pure epsilon, k <= 5
     including OTHER; runs on a DP lower bound n0 of the persons, padded). ``beta``: failure
@@ -235,8 +238,8 @@ class DistributionOptions(_Frozen):
     """
 
     categories: tuple[str, ...]
-    m: int
-    estimator: Literal["P0", "P1", "P2", "P3"] = "P0"
+    m: int | None = None
+    estimator: Literal["shares", "P0", "P1", "P2", "P3"] | None = None
     beta: float = 0.05
     eta: float | None = None
     omega: float | None = None
@@ -276,6 +279,20 @@ class DistributionOptions(_Frozen):
 
     @model_validator(mode="after")
     def _p3(self) -> "DistributionOptions":
+        if self.estimator is None:  # default: every record (shares); with m, the batch baseline P0
+            object.__setattr__(self, "estimator", "shares" if self.m is None else "P0")
+        if self.estimator == "shares":
+            if self.m is not None:
+                raise ValueError("m is not used by estimator 'shares' (every record of every person counts); "
+                                 "drop m, or name a batch estimator (P0-P3) that draws m records per person")
+            for name in ("eta", "omega", "grid_resolution", "closeness_radius", "p3_count_share", "record_label_columns"):
+                if name in self.model_fields_set:
+                    raise ValueError(f"{name} is not used by estimator 'shares'")
+            return self
+        if self.m is None:
+            raise ValueError(f"estimator {self.estimator} draws m records per person: options.m is required")
+        if self.m < 1:
+            raise ValueError(f"m must be an integer >= 1 (got {self.m!r})")
         if self.estimator != "P3":
             for name in ("grid_resolution", "closeness_radius", "p3_count_share"):
                 if name in self.model_fields_set:
@@ -415,7 +432,7 @@ class StatisticConfig(_Frozen):
         o = self.options
         if self.kind == "distribution":
             if not isinstance(o, DistributionOptions):
-                raise ValueError("kind 'distribution' needs options.categories (the public list) and options.m")
+                raise ValueError("kind 'distribution' needs options.categories (the public list)")
             if len(self.columns) != 1:
                 raise ValueError(f"kind 'distribution' takes exactly one categorical column (got {list(self.columns)})")
             return self

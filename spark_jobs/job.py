@@ -43,6 +43,9 @@ from dplib.mean.univariate import ALGORITHM, ALGORITHM_VERSION, UnivariateMeanPl
 from dplib.distribution.private import ALGORITHM as DIST_ALGORITHM
 from dplib.distribution.private import ALGORITHM_VERSION as DIST_VERSION
 from dplib.distribution.private import ESTIMATOR_NAMES, DistributionPlan, private_distribution
+from dplib.distribution.shares import ALGORITHM as SHARES_ALGORITHM
+from dplib.distribution.shares import ALGORITHM_VERSION as SHARES_VERSION
+from dplib.distribution.shares import SharePlan, share_distribution
 from dplib.covariance.person import PersonBHSPlan, private_person_statistic
 from dplib.covariance.params import ALGORITHM_VERSION as BHS_VERSION
 from dplib.mechanisms import NoiseSource, production_noise
@@ -80,6 +83,10 @@ UNEQUAL_RECORDS_SUMMARY = (
     "number of records"
 )
 
+ESTIMAND_SHARES = (
+    "mean over persons of each person's distribution of {col} over the public categories (+ OTHER), "
+    "over all of the person's records (persons weighted equally)"
+)
 ESTIMAND_DISTRIBUTION = (
     "mean over persons of each person's distribution of {col} over the public categories (+ OTHER), "
     "from m={m} of the person's records drawn uniformly without replacement (persons with fewer "
@@ -96,7 +103,10 @@ BHS_HETEROGENEOUS = (
     "FAIL rate and lowers accuracy, never privacy (spec section 7.4)"
 )
 
-MeanPlan = Union[UnivariateMeanPlan, ScaleFreeMeanPlan, MultivariateMeanPlan, ScaleFreeMultivariatePlan, DistributionPlan, PersonBHSPlan]
+MeanPlan = Union[
+    UnivariateMeanPlan, ScaleFreeMeanPlan, MultivariateMeanPlan, ScaleFreeMultivariatePlan, DistributionPlan, SharePlan,
+    PersonBHSPlan,
+]
 
 
 def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
@@ -115,6 +125,8 @@ def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
             dummy=opts.dummy,
             expected_persons=opts.expected_persons,
         )
+    if stat.kind == "distribution" and opts.estimator == "shares":
+        return SharePlan(budget=total.scaled(stat.share), categories=opts.categories)
     if stat.kind == "distribution":
         return DistributionPlan(
             budget=total.scaled(stat.share),
@@ -212,6 +224,12 @@ class JobPlan:
                     f"  {name}: BHS23 {p.kind}, d={p.d}, lambda0 {lam}; exactly n0 persons (DP lower bound, "
                     f"beta={p.beta:g}, keyed-hash rank, padded with the public dummy); needs n0 >= "
                     f"{p.minimum_persons()} persons, else FAIL (charged)"
+                )
+            elif isinstance(p, SharePlan):
+                lines.append(
+                    f"  {name}: distribution over k={p.k} public categories (+ OTHER last), estimator shares: "
+                    "Laplace on the sum of each person's category shares over all their records (no person or "
+                    "record dropped; pure epsilon)"
                 )
             elif isinstance(p, DistributionPlan) and p.estimator == "P3":
                 from dplib.distribution.p3 import grid_resolution, grid_size
@@ -431,6 +449,32 @@ def _distribution_row(
     )
 
 
+def _share_row(cfg, stat, plan: SharePlan, records, salt, noise, accountant, run_id, lineage, created, run_key=None) -> ReleaseRow:
+    """Per-person category shares of one column (one Spark plan, cached), the share-sum
+    estimator, one row."""
+    from spark_jobs.batches import SparkShareSums, person_shares
+
+    shares = person_shares(
+        records, cfg.privacy_unit.column, stat.columns[0], plan.categories, salt, null_values=cfg.privacy_unit.null_values
+    ).persist()
+    try:
+        rel = share_distribution(SparkShareSums(shares, plan.k), plan, noise, accountant, f"{stat.name}: ")
+    finally:
+        shares.unpersist()
+    return _row(
+        cfg, stat, run_id, lineage, created, noise, rel,
+        estimand=ESTIMAND_SHARES.format(col=stat.columns[0]),
+        algorithm=SHARES_ALGORITHM,
+        algorithm_version=SHARES_VERSION,
+        estimate=[float(x) for x in rel.estimate],
+        estimate_size=plan.k,
+        noise_scale=float(rel.noise_scale),
+        error_bar=[float(x) for x in rel.error_bar],
+        parameters=rel.parameters,
+        run_key=run_key,
+    )
+
+
 def _bhs_row(cfg, stat, plan: PersonBHSPlan, summary, salt, noise, accountant, run_id, lineage, created, run_key=None):
     """Person vectors (read from the job's cached summary: no second pass over the records), n0,
     the BHS23 algorithm on Spark, one release row."""
@@ -604,6 +648,10 @@ def run_job(
             plan = job_plan.plans[stat.name]
             if isinstance(plan, PersonBHSPlan):
                 rows.append(_bhs_row(cfg, stat, plan, summary, salt, noise, accountant, run_id, lineage, created, run_key))
+                log.info("statistic %s: %s", stat.name, rows[-1].status)
+                continue
+            if isinstance(plan, SharePlan):
+                rows.append(_share_row(cfg, stat, plan, records, salt, noise, accountant, run_id, lineage, created, run_key))
                 log.info("statistic %s: %s", stat.name, rows[-1].status)
                 continue
             if isinstance(plan, DistributionPlan):

@@ -207,3 +207,26 @@ def test_copies_are_numbered_in_blocks(spark, monkeypatch):
     df = spark.createDataFrame(rows, "pid string, dest string, flight int")
     batches = sb.person_batches(df, "pid", "dest", CATS, 7, SALT, null_values=[]).collect()
     assert sorted((int(r["_group"]), tuple(r["counts"])) for r in batches) == _twin_rows(rows, 7)
+
+
+def test_person_shares_equal_the_numpy_twin(spark, frame):
+    """Issue 19's share-sum estimator: Spark's per-person fixed-point shares and their exact sums
+    equal the numpy twin's on persons with 1..12 records, nulls and unknown categories."""
+    from dplib.distribution.shares import NumpyShares, share_units
+    from spark_jobs.batches import SparkShareSums, person_shares
+
+    rows, df = frame
+    twin = NumpyShares([r["pid"] for r in rows], [r["dest"] for r in rows], CATS, SALT)
+    shares = person_shares(df, "pid", "dest", CATS, SALT, null_values=[]).persist()
+    try:
+        got = sorted((int(r["_group"]), tuple(r["units"])) for r in shares.collect())
+        want = sorted((int(g), tuple(int(x) for x in u)) for g, u in zip(twin.group, share_units(twin.counts)))
+        assert got == want
+        # every person with a record is there (none dropped), the null id excluded
+        assert len(got) == len({r["pid"] for r in rows if r["pid"] is not None})
+        backend = SparkShareSums(shares, len(CATS) + 1)
+        for group in (ALL_PERSONS, GroupRange(0.2, 0.7)):
+            assert backend.share_sums(group) == twin.share_sums(group)
+        assert backend.rows_collected == 2
+    finally:
+        shares.unpersist()

@@ -46,6 +46,7 @@ JOBS = {
         "dist_P0": dist("P0"),
         "dist_P1": dist("P1"),
         "dist_P3": dist("P3", alpha=0.3),
+        "dist_shares": {"kind": "distribution", "columns": ["cat"], "options": {"categories": CATS}},
     }),
     "approx": ((12.0, 4e-6), {  # 3.0 each: at 1,000 persons and epsilon 1 the multivariate mean
         # released INSUFFICIENT_DATA in 6 of 10 runs; at 2 or 3 in none of 300

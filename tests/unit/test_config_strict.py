@@ -74,3 +74,33 @@ def test_a_declared_scale_whose_bins_overflow_is_refused_by_the_plan(tmp_path, s
     cfg = parse_config(_data(tmp_path, stat={"options": {"scale": scale}}))
     with pytest.raises((ConfigError, InvalidParameterError), match="scale"):
         plan_job(cfg)
+
+
+def _dist(tmp_path, **options):
+    d = _data(tmp_path)
+    d["statistics"] = [{"name": "cats", "kind": "distribution", "columns": ["c"], "share": 1.0,
+                        "options": {"categories": ["a", "b"], **options}}]
+    return d
+
+
+def test_distribution_defaults_to_shares_without_m_and_p0_with_m(tmp_path):
+    from dplib.distribution.shares import SharePlan
+    from spark_jobs.job import plan_job
+
+    cfg = parse_config(_dist(tmp_path))
+    assert cfg.statistics[0].options.estimator == "shares"
+    plan = plan_job(cfg)
+    assert isinstance(plan.plans["cats"], SharePlan) and plan.cost == pytest.approx((1.0, 0.0))
+    assert "estimator shares" in plan.render()
+    assert parse_config(_dist(tmp_path, m=5)).statistics[0].options.estimator == "P0"
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [({"estimator": "shares", "m": 5}, "m is not used by estimator 'shares'"),
+     ({"estimator": "P1"}, "options.m is required"),
+     ({"estimator": "shares", "eta": 0.1}, "eta is not used")],
+)
+def test_distribution_option_mismatches_are_named(tmp_path, options, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_config(_dist(tmp_path, **options))
