@@ -197,3 +197,41 @@ def check_remote_parquet_types(spark, path: str) -> None:
     except Exception as err:
         msg = str(err).splitlines()[0][:300]
         raise InputDataError(f"the files of input.path {path!r} disagree on a column's type: {msg}") from err
+
+
+FLOAT_TYPES = ("FloatType", "DoubleType", "DecimalType")
+
+
+def check_category_types(schema, cfg) -> None:
+    """A distribution's category column is matched against the public list as text. A floating
+    column prints its values as ``3.0``: listed categories written ``3`` would never match and
+    every record would land in OTHER, silently (issue 19). Refused before anything is spent,
+    naming the column and the fix, unless every listed category is written as such a float.
+
+    Raises
+    ------
+    InputDataError
+    """
+    fields = {f.name: f for f in schema.fields}
+    for stat in cfg.statistics:
+        if stat.kind != "distribution":
+            continue
+        col = stat.columns[0]
+        f = fields.get(col)
+        if f is None or type(f.dataType).__name__ not in FLOAT_TYPES:
+            continue
+        bad = []
+        for c in stat.options.categories:
+            try:
+                ok = repr(float(c)) == c
+            except ValueError:
+                ok = False
+            if not ok:
+                bad.append(c)
+        if bad:
+            raise InputDataError(
+                f"statistic {stat.name!r}: category column {col!r} has type {f.dataType.simpleString()}, whose values "
+                f"are compared as text such as '3.0'; the listed categories {bad[:5]} would never match and every "
+                "record would count as OTHER. Cast the column to an integer or string type upstream, or list the "
+                "categories as the floats print (e.g. '3.0')"
+            )

@@ -604,6 +604,7 @@ def run_job(
     records = sio.read_records(spark, input_path, cfg.input.format, cfg.input.csv_options)
     sio.validate_schema(records, cfg.privacy_unit.column, columns, cfg.input.format)
     sio.check_columns_present(records.columns, cfg.categorical_columns())
+    sio.check_category_types(records.schema, cfg)
     if cfg.input.format == "parquet":
         # every file's footer, not only the one Spark took its schema from (before the reservation)
         files = records.inputFiles()

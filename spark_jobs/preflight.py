@@ -83,6 +83,7 @@ def check_input_schema(cfg: JobConfig) -> str:
     frame.schema = spark_schema
     sio.validate_schema(frame, cfg.privacy_unit.column, cfg.value_columns(), fmt)
     sio.check_columns_present(spark_schema.names, cfg.categorical_columns())
+    sio.check_category_types(spark_schema, cfg)
     if fmt == "parquet":
         sio.check_parquet_files(dataset.files, cfg.privacy_unit.column, cfg.value_columns(), cfg.categorical_columns())
     if dataset.head(1).num_rows == 0:
