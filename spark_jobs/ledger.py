@@ -174,10 +174,23 @@ class Ledger:
         return ds.dataset(uris, format="parquet", schema=LEDGER_SCHEMA).to_table().to_pylist()
 
     def population(self, name: str, table=None) -> PopulationBudget | None:
-        for r in self.rows(table):
-            if r["kind"] == "population" and r["population"] == name:
-                return PopulationBudget(name, r["limit_epsilon"], r["limit_delta"], r["spent_epsilon"], r["spent_delta"])
-        return None
+        """The population's limit and spent budget, or None.
+
+        Racing creators of a new population can both commit their row (an insert-only MERGE
+        commits like an append). The rule is then deterministic, whatever the file order: the
+        smaller limit wins and the larger spent counts (each in epsilon and delta); the next
+        commit on the population (a MERGE matching both rows) writes that one value into both.
+        """
+        rows = [r for r in self.rows(table) if r["kind"] == "population" and r["population"] == name]
+        if not rows:
+            return None
+        return PopulationBudget(
+            name,
+            min(r["limit_epsilon"] for r in rows),
+            min(r["limit_delta"] for r in rows),
+            max(r["spent_epsilon"] for r in rows),
+            max(r["spent_delta"] for r in rows),
+        )
 
     def entries(self, population: str | None = None, run_id: str | None = None) -> list[dict]:
         out = [r for r in self.rows() if r["kind"] == "entry"]

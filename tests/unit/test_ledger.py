@@ -170,3 +170,29 @@ def test_two_snapshots_of_one_version_conflict(tmp_path):
         led._merge(b, [row(0.6)])
     assert led.population("pop").spent_epsilon == 0.6
     assert LEDGER_SCHEMA.field("owner") is not None
+
+
+@pytest.mark.parametrize("order", [(0.5, 100.0), (100.0, 0.5)], ids=["small first", "large first"])
+def test_two_rows_of_one_population_give_one_answer(tmp_path, order):
+    """Issue 20, defect 4: racing creators of a new population left two budget rows and the limit
+    that applied depended on file order (seen: 0.5 and 100). Now the smaller limit wins whatever
+    the order, and the next commit writes one value into both rows."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from spark_jobs.ledger import LEDGER_SCHEMA, _row
+
+    path = str(tmp_path / "ledger")
+    for limit in order:  # two separate commits, as two racing creators
+        row = _row(kind="population", population="p", limit_epsilon=limit, limit_delta=1e-5,
+                   spent_epsilon=0.0, spent_delta=0.0)
+        write_deltalake(path, pa.Table.from_pylist([row], schema=LEDGER_SCHEMA), mode="append")
+    led = Ledger(path)
+    pop = led.population("p")
+    assert (pop.limit_epsilon, pop.spent_epsilon) == (0.5, 0.0)
+    with pytest.raises(BudgetExceededError):
+        led.reserve("p", "r1", "job", Budget(0.6, 0.0))
+    led.reserve("p", "r2", "job", Budget(0.4, 0.0))
+    rows = [r for r in led.rows() if r["kind"] == "population"]
+    assert len(rows) == 2 and {(r["limit_epsilon"], r["spent_epsilon"]) for r in rows} == {(0.5, 0.4)}
+    assert spent_is_consistent(led, "p")
