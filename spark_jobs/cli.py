@@ -23,10 +23,17 @@ from dplib.errors import DPError
 from spark_jobs.query import coordinate_labels, matrix_lines
 
 
+#: The default log lines carry no time: the time between two lines is a wall-clock timing of a
+#: stage, which depends on the data and is not DP (docs/privacy/person_level_mean.md). ``-v``
+#: (DEBUG, for operators) adds timestamps and the per-statistic timings.
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+LOG_FORMAT_VERBOSE = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=LOG_FORMAT_VERBOSE if verbose else LOG_FORMAT,
     )
     for noisy in ("py4j", "pyspark"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -104,3 +104,10 @@ def test_distribution_defaults_to_shares_without_m_and_p0_with_m(tmp_path):
 def test_distribution_option_mismatches_are_named(tmp_path, options, match):
     with pytest.raises(ConfigError, match=match):
         parse_config(_dist(tmp_path, **options))
+
+
+def test_default_log_lines_carry_no_time():
+    """Issue 20: timestamps on every INFO line give stage timings (data-dependent, not DP)."""
+    from spark_jobs.cli import LOG_FORMAT, LOG_FORMAT_VERBOSE
+
+    assert "asctime" not in LOG_FORMAT and "asctime" in LOG_FORMAT_VERBOSE
