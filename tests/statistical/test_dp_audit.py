@@ -1,0 +1,183 @@
+"""Empirical DP audits, one per mechanism kind the estimators release through (issue 20).
+
+For each mechanism: two neighbouring datasets that differ by one extreme person (chosen to move
+the exact aggregate by its full sensitivity), many runs of the mechanism on each (seeded numpy
+noise: the same code path as production up to the sampler), and a one-sided lower bound on
+epsilon from the best threshold event: thresholds are chosen on a first half of the runs and the
+probabilities estimated on the second half with Clopper-Pearson bounds (95% each side), so
+``eps_lower = ln((P_lo[E | D'] - delta) / P_hi[E | D])`` is a valid lower confidence bound.
+
+Each audit asserts no violation (``eps_lower <= epsilon``) and, at the same sample size, that a
+planted bug is caught (``eps_lower > epsilon``): the noise scale halved (an effective 2 epsilon),
+or for the thresholded histogram a threshold computed with twice the epsilon (a new bin crosses
+it far more often than delta). Sizes: 20,000 runs per side, a few seconds per mechanism.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import beta as beta_dist
+
+from dplib.aggregates import NumpyAggregates
+from dplib.budget import Budget
+from dplib.distribution.shares import NumpyShares, SharePlan, share_distribution
+from dplib.groups import ALL_PERSONS
+from dplib.mean.multivariate import clip_and_noise
+from dplib.mean.univariate import centred_clip_and_noise, count_weight
+from dplib.mechanisms import SeededNoise
+from dplib.mechanisms import histograms as H
+
+RUNS = 20_000
+EPS = 1.0
+
+
+@pytest.fixture(autouse=True)
+def _fast_post_processing(monkeypatch):
+    """Speed only, nothing the audit tests: the analytic-Gaussian calibration (a pure function of
+    public values, ~0.1 s per call) is cached, and the share-sum release's error bar (post-
+    processing of the release) uses few Monte-Carlo draws."""
+    import functools
+
+    from dplib.distribution import shares as S
+    from dplib.mechanisms import basic as B
+
+    monkeypatch.setattr(B, "gaussian_sigma", functools.lru_cache(maxsize=64)(B.gaussian_sigma))
+    monkeypatch.setattr(S, "BAR_DRAWS", 10)
+
+
+class HalvedNoise(SeededNoise):
+    """The planted bug: every noise scale halved (what a sensitivity off by 2 does)."""
+
+    def add_laplace(self, values, scale):
+        return super().add_laplace(values, scale / 2.0)
+
+    def add_gaussian(self, values, sigma):
+        return super().add_gaussian(values, sigma / 2.0)
+
+
+def _cp_low(k: int, n: int, a: float = 0.05) -> float:
+    return 0.0 if k == 0 else float(beta_dist.ppf(a, k, n - k + 1))
+
+
+def _cp_high(k: int, n: int, a: float = 0.05) -> float:
+    return 1.0 if k == n else float(beta_dist.ppf(1 - a, k + 1, n - k))
+
+
+def eps_lower_bound(out_d: np.ndarray, out_dp: np.ndarray, delta: float = 0.0) -> float:
+    """Lower confidence bound on epsilon from scalar outputs on D and D' (both directions, events
+    {o > t} and {o < t}, t chosen on the first half, estimated on the second)."""
+    half = len(out_d) // 2
+    cal_d, cal_p, est_d, est_p = out_d[:half], out_dp[:half], out_d[half:], out_dp[half:]
+    best = -math.inf
+    for a_cal, b_cal, a_est, b_est in ((cal_p, cal_d, est_p, est_d), (cal_d, cal_p, est_d, est_p)):
+        # maximise P[E | a] / P[E | b] on the calibration half
+        ts = np.quantile(np.concatenate([a_cal, b_cal]), np.linspace(0.02, 0.98, 49))
+        cands = []
+        for t in ts:
+            for sign in (1, -1):
+                pa = np.mean(sign * a_cal > sign * t)
+                pb = np.mean(sign * b_cal > sign * t)
+                if pa > 0.01:
+                    cands.append(((pa - delta) / max(pb, 1.0 / len(b_cal)), t, sign))
+        _, t, sign = max(cands)
+        ka, kb = int(np.sum(sign * a_est > sign * t)), int(np.sum(sign * b_est > sign * t))
+        lo_a, hi_b = _cp_low(ka, len(a_est)), _cp_high(kb, len(b_est))
+        if lo_a - delta > 0:
+            best = max(best, math.log((lo_a - delta) / hi_b))
+    return best
+
+
+# ------------------------------------------------------------------------------------------------
+# the mechanisms, each as "run once on D or D' with a noise source -> a scalar"
+# ------------------------------------------------------------------------------------------------
+
+N_BASE = 20
+
+
+def _laplace_clip_run(extreme: bool, noise) -> float:
+    """Univariate fine stage (Laplace on (centred clipped sum, w n)): D' adds a person at 1e6."""
+    vals = np.zeros(N_BASE + (1 if extreme else 0))
+    if extreme:
+        vals[-1] = 1e6
+    be = NumpyAggregates({"v": vals}, np.arange(vals.size))
+    radius = 1.0
+    out = centred_clip_and_noise(be, "v", 0.0, radius, count_weight(radius, 0.25), ALL_PERSONS, EPS, noise)
+    return out.estimate
+
+
+def _gaussian_clip_run(extreme: bool, noise) -> float:
+    """Multivariate final stage (analytic Gaussian on (l2-clipped sum, w n)), d = 2, delta 1e-3."""
+    vals = np.zeros((N_BASE + (1 if extreme else 0), 2))
+    if extreme:
+        vals[-1] = [1e6, 1e6]
+    be = NumpyAggregates({"a": vals[:, 0], "b": vals[:, 1]}, np.arange(vals.shape[0]))
+    out = clip_and_noise(be, ["a", "b"], np.zeros(2), 1.0, np.ones(2), ALL_PERSONS, Budget(EPS, 1e-3), noise)
+    return float(out.center[0] + out.center[1])
+
+
+def _shares_run(extreme: bool, noise) -> float:
+    """Share-sum distribution: D' adds a person whose every record is in category 1."""
+    counts = np.tile([5, 0, 0], (N_BASE, 1))
+    if extreme:
+        counts = np.vstack([counts, [0, 1_000, 0]])
+    be = NumpyShares.from_counts(counts, np.arange(counts.shape[0]))
+    rel = share_distribution(be, SharePlan(Budget(EPS), ("x", "y")), noise)
+    return float(rel.estimate[1])
+
+
+def _histogram_existing_bin_run(extreme: bool, noise) -> float:
+    """Thresholded histogram, a bin present on both sides (5 vs 6 persons): its released count
+    (or -1e9 when suppressed)."""
+    released, _, _ = H.thresholded_histogram({3: 6 if extreme else 5}, EPS, 1e-3, noise)
+    return float(released.get(3, -1e9))
+
+
+def _histogram_new_bin_run(extreme: bool, noise) -> float:
+    """Thresholded histogram, a bin only the added person creates: released or not (delta 0.01)."""
+    counts = {3: 50, 7: 1} if extreme else {3: 50}
+    released, _, _ = H.thresholded_histogram(counts, EPS, 0.01, noise)
+    return 1.0 if 7 in released else 0.0
+
+
+def _outputs(run, noise_cls, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    nd, np_ = noise_cls(np.random.default_rng([seed, 0])), noise_cls(np.random.default_rng([seed, 1]))
+    return (np.array([run(False, nd) for _ in range(RUNS)]), np.array([run(True, np_) for _ in range(RUNS)]))
+
+
+#: name -> (run, delta, the least lower bound an honest run must reach). Threshold events of
+#: probability >= 1% see almost all of a Laplace mechanism's epsilon; a Gaussian mechanism's
+#: privacy loss reaches its epsilon only on events of probability ~delta, so less is visible.
+MECHANISMS = {
+    "laplace clip-and-noise": (_laplace_clip_run, 0.0, 0.5),
+    "gaussian clip-and-noise": (_gaussian_clip_run, 1e-3, 0.3),
+    "share-sum laplace": (_shares_run, 0.0, 0.5),
+    "thresholded histogram (existing bin)": (_histogram_existing_bin_run, 1e-3, 0.5),
+}
+
+
+@pytest.mark.parametrize("name", list(MECHANISMS))
+def test_no_violation_and_the_planted_bug_is_caught(name):
+    run, delta, visible = MECHANISMS[name]
+    d, dp = _outputs(run, SeededNoise, 1)
+    honest = eps_lower_bound(d, dp, delta)
+    assert honest <= EPS, (name, honest)
+    # an audit that cannot see anything would pass trivially: it must get close to the claim ...
+    assert honest > visible * EPS, (name, honest)
+    # ... and see the planted bug (noise halved: an effective 2 epsilon) at the same size
+    d, dp = _outputs(run, HalvedNoise, 2)
+    buggy = eps_lower_bound(d, dp, delta)
+    assert buggy > EPS, (name, buggy)
+
+
+def test_thresholded_histogram_new_bin_crosses_with_probability_at_most_delta(monkeypatch):
+    delta = 0.01
+    hits = sum(_histogram_new_bin_run(True, SeededNoise(np.random.default_rng([3, i]))) for i in range(RUNS))
+    assert _cp_low(int(hits), RUNS) <= delta, hits / RUNS
+    # planted bug: the threshold computed with twice the epsilon (too low): caught
+    real = H.stability_threshold
+    monkeypatch.setattr(H, "stability_threshold", lambda e, d: real(2.0 * e, d))
+    hits = sum(_histogram_new_bin_run(True, SeededNoise(np.random.default_rng([4, i]))) for i in range(RUNS))
+    assert _cp_low(int(hits), RUNS) > delta, hits / RUNS
