@@ -39,6 +39,31 @@ def _setup_logging(verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _why_no_bar(covers: str) -> str:
+    """The reason part of an ``error_covers`` text that says there is no bar."""
+    return covers.removeprefix("none: ").removeprefix("no error bar: ")
+
+
+def _paths(args) -> None:
+    """Fill ``--table`` / ``--ledger`` from ``--config`` (its output path and ledger) when they
+    were not given, else the defaults."""
+    cfg = None
+    if getattr(args, "config", None):
+        from spark_jobs.config import load_config
+        from spark_jobs.io import absolute
+
+        cfg = load_config(args.config, getattr(args, "set", []) or [])
+        out = absolute(cfg.output.path).rstrip("/")
+    if hasattr(args, "table") and args.table is None:
+        args.table = f"{out}/releases" if cfg is not None else DEFAULT_TABLE
+    if hasattr(args, "ledger") and args.ledger is None:
+        args.ledger = absolute(cfg.ledger_path()) if cfg is not None else DEFAULT_LEDGER
+
+
+DEFAULT_TABLE = "build/releases/releases"
+DEFAULT_LEDGER = "build/releases/privacy_ledger"
+
+
 def _print_release(result) -> None:
     if result.reused:
         print(f"\nrun {result.run_id} had already released: the stored release, nothing spent now")
@@ -67,11 +92,11 @@ def _print_release(result) -> None:
                 if r.error_bar is not None:
                     print(f"      {level}")
             if r.error_bar is None:
-                print(f"      no error bar: {r.error_covers.removeprefix('none: ')}")
+                print(f"      no error bar: {_why_no_bar(r.error_covers)}")
             else:
                 print(f"      the bar covers {r.error_covers}")
         else:
-            print(f"  {r.statistic}: {r.status}: {r.error_covers.removeprefix('none: ')}")
+            print(f"  {r.statistic}: {r.status}: {_why_no_bar(r.error_covers)}")
         print(f"      estimand: {r.estimand}; epsilon={r.epsilon:.4g}, delta={r.delta:.3g}")
 
 
@@ -228,7 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     rel_sub = rel.add_subparsers(dest="action", required=True)
     for name in ("list", "show"):
         q = rel_sub.add_parser(name)
-        q.add_argument("--table", default="build/releases/releases", help="the releases Delta table")
+        q.add_argument("--table", default=None, help="the releases Delta table (default: from --config, else "
+                       f"{DEFAULT_TABLE})")
+        q.add_argument("--config", default=None, help="a job YAML: read the table it writes")
         q.add_argument("--format", choices=["table", "json", "csv"], default="table")
         if name == "show":
             q.add_argument("run_id")
@@ -238,12 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
     bud = sub.add_parser("budget", help="show or set lifetime budgets in the privacy ledger")
     bud_sub = bud.add_subparsers(dest="action", required=True)
     b_show = bud_sub.add_parser("show")
-    b_show.add_argument("--ledger", default="build/releases/privacy_ledger")
+    b_show.add_argument("--ledger", default=None, help=f"default: from --config, else {DEFAULT_LEDGER}")
+    b_show.add_argument("--config", default=None, help="a job YAML: read the ledger it spends from")
     b_show.add_argument("--format", choices=["table", "json", "csv"], default="table")
     b_show.add_argument("--entries", action="store_true", help="also list every reservation")
     b_show.set_defaults(func=cmd_budget)
     b_set = bud_sub.add_parser("set")
-    b_set.add_argument("--ledger", default="build/releases/privacy_ledger")
+    b_set.add_argument("--ledger", default=None, help=f"default: from --config, else {DEFAULT_LEDGER}")
+    b_set.add_argument("--config", default=None, help="a job YAML: set the limit in the ledger it spends from")
     b_set.add_argument("--population", required=True)
     b_set.add_argument("--epsilon", type=float, required=True)
     b_set.add_argument("--delta", type=float, default=None, help="default: keep the current delta limit (0 if new)")
@@ -262,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     jars = sub.add_parser("spark-jars", help="print the local Delta jars for spark-submit --jars")
     jars.set_defaults(func=cmd_spark_jars)
     rep = sub.add_parser("report", help="write an HTML report with one chart per released statistic")
-    rep.add_argument("--table", default="build/releases/releases")
+    rep.add_argument("--table", default=None, help=f"default: from --config, else {DEFAULT_TABLE}")
+    rep.add_argument("--config", default=None, help="a job YAML: report on the table it writes")
     rep.add_argument("--out", default="build/report")
     rep.add_argument("--run-id", default=None, help="default: the newest run")
     rep.set_defaults(func=cmd_report)
@@ -278,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
     try:
+        _paths(args)
         return args.func(args)
     except (DPError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -111,3 +111,32 @@ def test_default_log_lines_carry_no_time():
     from spark_jobs.cli import LOG_FORMAT, LOG_FORMAT_VERBOSE
 
     assert "asctime" not in LOG_FORMAT and "asctime" in LOG_FORMAT_VERBOSE
+
+
+def test_cli_takes_table_and_ledger_paths_from_config(tmp_path):
+    """Issue 20: `budget show` / `releases list` / `report` needed --ledger / --table even when
+    --config says where they are."""
+    import yaml
+
+    from spark_jobs.cli import DEFAULT_LEDGER, DEFAULT_TABLE, _paths, _why_no_bar, build_parser
+
+    data = _data(tmp_path)
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(data))
+    out = str(tmp_path / "out")
+    args = build_parser().parse_args(["budget", "show", "--config", str(p)])
+    _paths(args)
+    assert args.ledger == out + "/privacy_ledger"
+    args = build_parser().parse_args(["releases", "list", "--config", str(p)])
+    _paths(args)
+    assert args.table == out + "/releases"
+    args = build_parser().parse_args(["report", "--config", str(p), "--table", "/x/t"])
+    _paths(args)
+    assert args.table == "/x/t"  # an explicit path wins
+    args = build_parser().parse_args(["releases", "list"])
+    _paths(args)
+    assert args.table == DEFAULT_TABLE
+    args = build_parser().parse_args(["budget", "show"])
+    _paths(args)
+    assert args.ledger == DEFAULT_LEDGER
+    assert _why_no_bar("no error bar: the exponential mechanism") == "the exponential mechanism"
