@@ -12,4 +12,5 @@ Public API
 - :func:`dplib.mean.person_level_mean` and :class:`dplib.mean.UnivariateMeanPlan`
 """
 
+#: The package version (the one place it is written; pyproject.toml reads it).
 __version__ = "0.1.0"

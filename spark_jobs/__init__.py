@@ -9,4 +9,6 @@
 - :mod:`spark_jobs.job`: :func:`run_job`, the entry point spark-submit and the CLI run
 """
 
-__version__ = "0.1.0"
+from dplib import __version__  # one version, written once (dplib/__init__.py)
+
+__all__ = ["__version__"]
