@@ -61,6 +61,11 @@ class PrivacyUnitConfig(_Frozen):
 
     column: str = Field(min_length=1)
     null_values: tuple[str, ...] = ("", "NA", "null", "NULL", "None")
+    #: Normalise ids before grouping (Unicode NFC, case folded, surrounding whitespace of any kind
+    #: stripped), so that spelling variants of one id are one person. Recommended when ids come
+    #: from free text: without it each variant is a person of its own, and that person's records
+    #: get the budget once per variant. Off by default (ids are taken verbatim).
+    normalize: bool = False
 
 
 #: A run's epsilon must lie in this range: below it the noise scales of the smallest stage shares

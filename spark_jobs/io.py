@@ -245,3 +245,24 @@ def check_category_types(schema, cfg) -> None:
                 "record would count as OTHER. Cast the column to an integer or string type upstream, or list the "
                 "categories as the floats print (e.g. '3.0')"
             )
+
+
+def normalize_ids(records, unit_column: str, null_values=()):
+    """``records`` with the privacy-unit column replaced by its normalised string
+    (:func:`dplib.mean.api.normalize_id`: NFC, case folded, whitespace stripped), computed on the
+    executors (an Arrow-batched Python UDF). Missing ids are decided first, on the raw id (null, or
+    equal after trimming spaces to one of ``null_values``) and become null: normalising must not
+    turn ``NA`` into a person ``na``."""
+    from pyspark.sql import functions as F
+
+    from dplib.mean.api import normalize_id
+    from spark_jobs.sqlnames import qcol
+
+    missing = frozenset(null_values)
+
+    def _one(x):
+        return None if x is None or x.strip(" ") in missing else normalize_id(x)
+
+    _norm = F.udf(_one, "string", useArrow=True)
+
+    return records.withColumn(unit_column, _norm(qcol(unit_column).cast("string")))

@@ -613,6 +613,8 @@ def run_job(
             sio.check_remote_parquet_types(spark, input_path)
     sio.check_not_empty(records, cfg.input.path)
     lineage = sio.lineage(spark, records, input_path, cfg.input.format)
+    if cfg.privacy_unit.normalize:
+        records = sio.normalize_ids(records, cfg.privacy_unit.column, cfg.privacy_unit.null_values)
     log.info("input validated (%s, %s)", cfg.input.path, cfg.input.format)
 
     # Verify, then charge, then release: reserve the whole run's budget before any noise.

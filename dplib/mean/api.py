@@ -20,6 +20,14 @@ from dplib.summary import person_sums
 NULL_IDS = ("", "NA", "null", "NULL", "None")
 
 
+def normalize_id(pid: object) -> str:
+    """The normalised form of a person id (config ``privacy_unit.normalize``): Unicode NFC, case
+    folded, surrounding whitespace of any kind stripped. The same function runs in the Spark job."""
+    import unicodedata
+
+    return unicodedata.normalize("NFC", str(pid)).casefold().strip()
+
+
 def _is_person(pid: object, null_values: Sequence[str]) -> bool:
     if pid is None or (isinstance(pid, float) and not np.isfinite(pid)):
         return False
@@ -28,7 +36,8 @@ def _is_person(pid: object, null_values: Sequence[str]) -> bool:
 
 
 def person_means(
-    values: np.ndarray, person_ids: Sequence[object], m_min: int = 1, null_values: Sequence[str] = NULL_IDS
+    values: np.ndarray, person_ids: Sequence[object], m_min: int = 1, null_values: Sequence[str] = NULL_IDS,
+    normalize: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Reduce records to one mean per person (spec §2.0).
 
@@ -41,6 +50,9 @@ def person_means(
         ``null_values`` are dropped (no person to attribute them to), as in the Spark job.
     m_min : int, default 1
         Persons with fewer usable records are dropped.
+    normalize : bool, default False
+        Normalise the kept ids with :func:`normalize_id` (as the job's ``privacy_unit.normalize``):
+        spelling variants of one id become one person. Missing ids are decided on the raw id first.
 
     Returns
     -------
@@ -59,6 +71,8 @@ def person_means(
         raise InputDataError("values and person_ids must have the same length")
     keep = np.isfinite(vals) & np.array([_is_person(pid, null_values) for pid in ids], dtype=bool)
     vals, ids = vals[keep], ids[keep].astype(str)
+    if normalize:
+        ids = np.array([normalize_id(p) for p in ids], dtype=object).astype(str)
     uniq, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
     # the Spark summarize pass's exact fixed-point sum, bit for bit (values clamped to +-CLAMP)
     means = person_sums(vals, inverse, uniq.size) / np.maximum(counts, 1)

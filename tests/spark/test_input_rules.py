@@ -55,3 +55,23 @@ def test_one_id_rule_in_both_backends(spark):
     assert ids_spark == sorted(str(i) for i in ids_np)
     # NA / " NA " / "  " / "" are not persons; "\tNA" and "NA\u00a0" are
     assert "\tNA" in ids_spark and "NA\u00a0" in ids_spark and " NA " not in ids_spark
+
+
+VARIANTS = ["Alice", " alice ", "ALICE", "alice\u00a0", "e\u0301mile", "\u00e9mile", "NA", " NA ", "null", "Bob"]
+
+
+def test_optional_id_normalisation_makes_variants_one_person(spark):
+    """privacy_unit.normalize: NFC, case folded, whitespace stripped, the same in the library;
+    missing ids are decided on the raw id first (NA is not a person 'na')."""
+    from spark_jobs.io import normalize_ids
+
+    values = np.arange(len(VARIANTS), dtype=float)
+    ids_np, means_np = person_means(values, VARIANTS, null_values=NULL_IDS, normalize=True)
+    assert sorted(ids_np.tolist()) == ["alice", "bob", "\u00e9mile"]
+    df = spark.createDataFrame([(i, float(v)) for i, v in zip(VARIANTS, values)], "pid string, x double")
+    summary = summarize(normalize_ids(df, "pid", NULL_IDS), "pid", ["x"], SALT, null_values=NULL_IDS, keep_id=True)
+    got = {r["_pid"]: r["x"] for r in summary.collect()}
+    assert sorted(got) == sorted(ids_np.tolist())
+    assert np.allclose([got[i] for i in ids_np], means_np)
+    # alice's four spellings pooled: mean of 0..3
+    assert got["alice"] == pytest.approx(1.5)
