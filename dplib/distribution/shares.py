@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import numpy as np
+from scipy.stats import norm as normal_dist
 
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.distribution.batches import category_index, category_names, check_categories
@@ -40,8 +41,6 @@ STAGE_SHARES = "share sum"
 #: Fixed-point bits of a share (units of 2^-SHARE_BITS).
 SHARE_BITS = 30
 SHARE_SCALE = float(2**SHARE_BITS)
-#: Monte-Carlo draws of the error-bar quantile (a public computation with a fixed seed).
-BAR_DRAWS = 20_000
 
 
 def share_units(counts: np.ndarray) -> np.ndarray:
@@ -167,13 +166,18 @@ class SharePlan:
 
 def share_error_bar(estimate: np.ndarray, scale: float, n_noisy: float, level: float = ERROR_LEVEL) -> np.ndarray:
     """Per-category half-width of a ``level`` interval of ``(e_j - p_j sum_l e_l) / n`` for iid
-    Laplace(scale) ``e``, at the DP estimate ``p`` and DP count ``n`` (Monte Carlo with a fixed
-    public seed: post-processing of DP and public values only)."""
+    Laplace(scale) ``e``, at the DP estimate ``p`` and DP count ``n`` (post-processing of DP and
+    public values; no randomness).
+
+    Normal approximation with the exact variance ``2 scale^2 ((1 - p_j)^2 + p_j^2 (k - 1))``: at
+    90% the Laplace quantile ``scale ln 10`` (2.30 scale) and the normal one (2.33 scale) agree
+    to 1.5% even when one term dominates, and sums of several are closer to normal.
+    """
     p = np.asarray(estimate, dtype=np.float64)
-    rng = np.random.default_rng(20261202)
-    e = rng.laplace(0.0, 1.0, size=(BAR_DRAWS, p.size))
-    dev = e - p[None, :] * e.sum(axis=1, keepdims=True)
-    return np.quantile(np.abs(dev), level, axis=0) * scale / max(n_noisy, 1.0)
+    k = p.size
+    sd = math.sqrt(2.0) * scale * np.sqrt((1.0 - p) ** 2 + p**2 * (k - 1))
+    z = float(normal_dist.ppf(0.5 + level / 2.0))
+    return z * sd / max(n_noisy, 1.0)
 
 
 def share_distribution(

@@ -207,6 +207,20 @@ def _insufficient(reason: str, accountant: Accountant, start: int, params: dict)
     return MeanRelease(STATUS_INSUFFICIENT, None, None, ERROR_LEVEL, f"none: {reason}", None, eps, delta, params)
 
 
+def stage_charger(accountant: Accountant, charges: dict):
+    """``charge(stage, epsilon=None) -> Budget``: charge a planned stage to ``accountant`` (its
+    nominal budget, or ``epsilon`` with the stage's delta: an adaptive share chosen from earlier DP
+    outcomes) and return what was charged. Shared by the scale-free estimators."""
+
+    def charge(stage: str, epsilon: float | None = None) -> Budget:
+        c = charges[stage]
+        budget = c.budget if epsilon is None else Budget(epsilon, c.budget.delta)
+        accountant.charge(c.stage, budget, c.group)
+        return budget
+
+    return charge
+
+
 def tail_from_profile(profile, epsilon: float, k: float | None):
     """The tail model of a deviation profile, as the bias bounds use it (post-processing only).
 
@@ -314,11 +328,7 @@ def scale_free_person_mean(
     eps_total = plan.budget.epsilon
     group = plan.group
 
-    def charge(stage: str, epsilon: float | None = None) -> Budget:
-        c = charges[stage]
-        budget = c.budget if epsilon is None else Budget(epsilon, c.budget.delta)
-        accountant.charge(c.stage, budget, c.group)
-        return budget
+    charge = stage_charger(accountant, charges)
 
     # 1. magnitude range (a retry with a larger share only if the first run released nothing)
     b = charge(STAGE_RANGE)

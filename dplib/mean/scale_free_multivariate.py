@@ -64,6 +64,7 @@ from dplib.mean.scale_free import (
     RADIUS_REACH,
     SMALL_DATA_BOOST,
     measured_reach,
+    stage_charger,
     tail_from_profile,
 )
 from dplib.mean.scale_free import PROFILE_SUB_EDGES as HALF_OCTAVE
@@ -278,11 +279,7 @@ def scale_free_multivariate_mean(
     eps_total = plan.budget.epsilon
     group = plan.group
 
-    def charge(stage: str, epsilon: float | None = None) -> Budget:
-        c = charges[stage]
-        budget = c.budget if epsilon is None else Budget(epsilon, c.budget.delta)
-        accountant.charge(c.stage, budget, c.group)
-        return budget
+    charge = stage_charger(accountant, charges)
 
     def ranges_run(stage: str):
         b = charge(stage)

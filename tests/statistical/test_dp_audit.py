@@ -37,15 +37,12 @@ EPS = 1.0
 @pytest.fixture(autouse=True)
 def _fast_post_processing(monkeypatch):
     """Speed only, nothing the audit tests: the analytic-Gaussian calibration (a pure function of
-    public values, ~0.1 s per call) is cached, and the share-sum release's error bar (post-
-    processing of the release) uses few Monte-Carlo draws."""
+    public values, ~0.1 s per call) is cached."""
     import functools
 
-    from dplib.distribution import shares as S
     from dplib.mechanisms import basic as B
 
     monkeypatch.setattr(B, "gaussian_sigma", functools.lru_cache(maxsize=64)(B.gaussian_sigma))
-    monkeypatch.setattr(S, "BAR_DRAWS", 10)
 
 
 class HalvedNoise(SeededNoise):
