@@ -20,6 +20,8 @@ from dplib.errors import BudgetExceededError, InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.error_bars import noise_and_sampling_quantile
 from dplib.mean.scale_free import (
+    REACH_FACTOR,
+    STAGE_BALANCE,
     STAGE_CENTRE,
     STAGE_FINE,
     STAGE_PROFILE,
@@ -28,6 +30,8 @@ from dplib.mean.scale_free import (
     STAGES,
     ScaleFreeMeanPlan,
     scale_free_person_mean,
+    tail_balance,
+    tail_counts,
 )
 from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK
 from dplib.mechanisms import SeededNoise
@@ -138,7 +142,7 @@ def test_plan_cost_equals_budget(budget, group):
     assert plan.cost().epsilon == pytest.approx(budget.epsilon, rel=1e-12)
     assert [c.stage for c in charges] == list(STAGES)
     # delta split between stage 1 and its retry; every stage reads the statistic's persons
-    assert [c.budget.delta for c in charges] == [budget.delta / 2, budget.delta / 2, 0.0, 0.0, 0.0]
+    assert [c.budget.delta for c in charges] == [budget.delta / 2, budget.delta / 2, 0.0, 0.0, 0.0, 0.0]
     assert all(c.group == group for c in charges)
     # the nominal shares: stage 1, its retry, then the small-data (largest) centre/profile shares
     shares = [c.budget.epsilon / budget.epsilon for c in charges]
@@ -169,10 +173,12 @@ def test_each_stage_charged_before_its_noise(budget):
     noise = SnapshotNoise(5, acc)
     rel = scale_free_person_mean(backend, "v", plan, noise, acc, stage_prefix="x: ")
     assert rel.status == STATUS_OK
-    # 20,000 persons: stage 1 passes at once (no retry): range, centre, profile, fine
-    assert noise.snapshots == [1, 2, 3, 4]
-    assert [c.stage for c in acc.charges] == ["x: " + s for s in (STAGE_RANGE, STAGE_CENTRE, STAGE_PROFILE, STAGE_FINE)]
-    assert [c.budget.epsilon for c in acc.charges[:3]] == pytest.approx([0.04, 0.04, 0.10])
+    # 20,000 persons: stage 1 passes at once (no retry): range, centre, profile, balance, fine
+    assert noise.snapshots == [1, 2, 3, 4, 5]
+    assert [c.stage for c in acc.charges] == [
+        "x: " + s for s in (STAGE_RANGE, STAGE_CENTRE, STAGE_PROFILE, STAGE_BALANCE, STAGE_FINE)
+    ]
+    assert [c.budget.epsilon for c in acc.charges[:4]] == pytest.approx([0.04, 0.04, 0.10, 0.05])
     # the fine stage gets exactly what is left; the run spends the whole budget
     assert (rel.epsilon, rel.delta) == pytest.approx((budget.epsilon, budget.delta / 2 if budget.delta else 0.0))
     assert rel.epsilon == pytest.approx(budget.epsilon, rel=1e-12)
@@ -188,8 +194,10 @@ def test_small_data_retries_stage_one_and_boosts_its_shares():
     noise = SnapshotNoise(3, acc)
     rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), noise, acc)
     assert rel.status == STATUS_OK
-    assert [c.stage for c in acc.charges] == [STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_CENTRE, STAGE_PROFILE, STAGE_FINE]
-    assert [c.budget.epsilon for c in acc.charges] == pytest.approx([0.04, 0.20, 0.08, 0.20, 0.48])
+    assert [c.stage for c in acc.charges] == [
+        STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_CENTRE, STAGE_PROFILE, STAGE_BALANCE, STAGE_FINE
+    ]
+    assert [c.budget.epsilon for c in acc.charges] == pytest.approx([0.04, 0.20, 0.08, 0.20, 0.05, 0.43])
     assert (rel.epsilon, rel.delta) == pytest.approx((1.0, 1e-6))
     assert rel.parameters["range_retried"] is True
 
@@ -217,7 +225,7 @@ def test_disjoint_earlier_charge_does_not_block_a_plan_on_other_persons():
     backend, _, _ = _gaussian_backend(3)
     acc = Accountant(Budget(1.0, 1e-6), [Charge("other", Budget(1.0, 1e-6), GroupRange(0.5, 1.0))])
     rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(Budget(1.0, 1e-6), group=GroupRange(0.0, 0.5)), SeededNoise(1), acc)
-    assert rel.epsilon == pytest.approx(1.0) and len(acc.charges) == 5
+    assert rel.epsilon == pytest.approx(1.0) and len(acc.charges) == 6
     assert acc.cost() == pytest.approx((1.0, 1e-6))
 
 
@@ -398,3 +406,80 @@ def test_noise_and_sampling_quantile_monte_carlo_power():
     ]
     for t in wrong:
         assert abs(float(np.mean(z <= t)) - 0.9) > MC_TOL, t
+
+
+# ------------------------------------------------------------------------------------------------
+# tail balance (stage 3b): exact counts, sensitivity, decision
+# ------------------------------------------------------------------------------------------------
+
+SUB = (2.0**0.5,)
+
+
+@pytest.mark.parametrize("x_a", [0.5, 2.0**0.5, 2.0, 4.0 * 2.0**0.5])
+def test_tail_counts_match_numpy(x_a):
+    rng = np.random.default_rng(11)
+    y = np.concatenate([rng.standard_normal(3000) * 2.0, [x_a, -x_a, 0.0, 1e300, -1e300]])
+    c = 0.0
+    backend = NumpyAggregates({"v": y}, rng.integers(0, 2**32, y.size))
+    got = tail_counts(backend.log_histogram("v", c, ALL_PERSONS, SUB), x_a, SUB)
+    assert got.tolist() == [np.sum(y - c >= x_a), np.sum(y - c <= -x_a)]
+
+
+@pytest.mark.parametrize("extra", [1e300, -1e300, 2.0, -2.0, 0.0, 1.999999, np.nextafter(2.0, 3.0)])
+def test_tail_counts_sensitivity_one_under_add_remove(extra):
+    """Adding any one person (extreme, on the edge, at the centre) moves the exact pair by at most
+    1 in l1: the Laplace(1/epsilon) release is epsilon-DP."""
+    rng = np.random.default_rng(12)
+    y = rng.standard_normal(2000) * 3.0
+    base = NumpyAggregates({"v": y}, rng.integers(0, 2**32, y.size))
+    plus = NumpyAggregates({"v": np.append(y, extra)}, rng.integers(0, 2**32, y.size + 1))
+    for x_a in (2.0, 2.0**0.5 * 4.0):
+        a = tail_counts(base.log_histogram("v", 0.25, ALL_PERSONS, SUB), x_a, SUB)
+        b = tail_counts(plus.log_histogram("v", 0.25, ALL_PERSONS, SUB), x_a, SUB)
+        assert np.sum(np.abs(a - b)) <= 1.0
+
+
+def _balance_rate(sampler, n, seeds=60):
+    hits = 0
+    for s in range(seeds):
+        rng = np.random.default_rng(1000 + s)
+        y = sampler(rng, n)
+        backend = NumpyAggregates({"v": y}, rng.integers(0, 2**32, y.size))
+        counts = backend.log_histogram("v", float(np.median(y)), ALL_PERSONS, SUB)
+        hits += tail_balance(counts, 1.0, 0.05, SeededNoise(s), SUB)
+    return hits / seeds
+
+
+def test_tail_balance_tells_two_sided_from_one_sided_tails():
+    """Seeded, with power: Gaussian tails (P(|Z| >= 1) = 0.32 split evenly) read as balanced;
+    an exponential's (all of its far mass on one side) and too few persons do not."""
+    gauss = _balance_rate(lambda r, n: r.standard_normal(n), 5000)
+    expo = _balance_rate(lambda r, n: r.exponential(1.0, n), 5000)
+    tiny = _balance_rate(lambda r, n: r.standard_normal(n), 100)
+    # balanced: ~1,580 vs ~1,580 persons, noise sd 28: the test passes essentially always
+    assert gauss >= 0.95
+    # exponential about its median (ln 2): ~1,120 beyond +1, 0 beyond -1
+    assert expo == 0.0
+    # 100 persons: ~16 per side, under 2 noise sds (57): never "measured"
+    assert tiny <= 0.05
+
+
+def test_light_symmetric_radius_is_a_multiple_of_the_measured_reach():
+    rng = np.random.default_rng(21)
+    y = 5.0 + rng.standard_normal(20000)
+    backend = NumpyAggregates({"v": y}, rng.integers(0, 2**32, y.size))
+    rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(3))
+    p = rel.parameters
+    assert p["light_symmetric"] is True and p["tail_balanced"] is True
+    # Gaussian: the profile measures to ~2.5-3 sd, so the radius lands near 4 sd, not 7-10
+    assert 2.5 <= p["clipping_radius"] <= 6.0
+    assert abs(rel.estimate - y.mean()) <= rel.error_bar * 3
+
+
+def test_one_sided_heavy_tail_keeps_the_balanced_radius():
+    rng = np.random.default_rng(22)
+    y = 5.0 + rng.pareto(2.5, 20000)
+    backend = NumpyAggregates({"v": y}, rng.integers(0, 2**32, y.size))
+    rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(4))
+    assert rel.parameters["light_symmetric"] is False
+    assert rel.parameters["clipping_radius"] > REACH_FACTOR * 2.0
