@@ -407,6 +407,7 @@ def _row(cfg, stat, run_id, lineage, created, noise, rel, *, estimand, algorithm
         config_hash=cfg.config_hash(),
         code_version=__version__,
         created_at=created,
+        flagged=bool(parameters["tail_flag"]) if "tail_flag" in parameters else None,
     )
 
 

@@ -12,8 +12,8 @@ import json
 import math
 from pathlib import Path
 
-RELEASE_COLUMNS = ["run_id", "created_at", "job_name", "statistic", "status", "estimate", "error_bar",
-                   "error_level", "epsilon", "delta", "algorithm"]
+RELEASE_COLUMNS = ["run_id", "created_at", "job_name", "statistic", "status", "flagged", "estimate",
+                   "error_bar", "error_level", "epsilon", "delta", "algorithm"]
 
 
 def read_delta(path: str, filter_eq: dict | None = None, columns: list[str] | None = None):

@@ -46,6 +46,10 @@ class ReleaseRow:
     config_hash: str
     code_version: str
     created_at: dt.datetime
+    #: True when the release's error bar rests on an assumption a DP check could not confirm
+    #: (``parameters.tail_flag`` of the means); None where the estimator makes no such check,
+    #: and in rows written before the column existed.
+    flagged: bool | None = None
 
 
 def release_schema():
@@ -83,6 +87,7 @@ def release_schema():
             T.StructField("config_hash", T.StringType(), False),
             T.StructField("code_version", T.StringType(), False),
             T.StructField("created_at", T.TimestampType(), False),
+            T.StructField("flagged", T.BooleanType(), True),
         ]
     )
 
@@ -92,7 +97,8 @@ def write_releases(spark, rows: list[ReleaseRow], output_path: str) -> str:
     table = output_path.rstrip("/") + "/" + RELEASES_TABLE
     data = [tuple(asdict(r).values()) for r in rows]
     df = spark.createDataFrame(data, schema=release_schema()).coalesce(1)
-    df.write.format("delta").mode("append").save(table)
+    # mergeSchema: a table written before a column was added (``flagged``) gains it; older rows read null
+    df.write.format("delta").mode("append").option("mergeSchema", "true").save(table)
     return table
 
 

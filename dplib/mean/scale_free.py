@@ -33,9 +33,9 @@ deviation profile's tail model (measured survival of ``|Y - c|``, extended beyon
 measures by a Student-t tail fitted to its bins, taken ``NU_MARGIN`` degrees of freedom heavier),
 capped at ``RADIUS_REACH`` (8) times how far the profile measures (parameter ``radius_capped``).
 When the fitted tail is light (``nu >= LIGHT_NU``) and stage 3b finds both tails measured and
-within a factor ``BALANCE_RATIO`` of each other (``light_symmetric``), the radius is further capped
+within a factor ``BALANCE_RATIO`` (1.5) of each other (``light_symmetric``), the radius is further capped
 at ``REACH_FACTOR`` (1.5) times that reach: two balanced light tails clipped there lose offsetting
-excesses, and the bias bound is scaled to the larger one's share (2/3). One-sided tails (delays,
+excesses, and the bias bound is scaled to the larger one's share (0.6). One-sided tails (delays,
 costs: all the far persons on one side) keep the balanced radius. The error bar covers the exact dataset statistic
 (mean over all persons of each person's mean): Laplace noise of the fine stage (sum and count)
 plus the model's bound on the clipping bias. A fitted tail heavier than ``x^-2`` (infinite
@@ -124,7 +124,7 @@ RADIUS_REACH = 8.0
 BALANCE_SHARE = 0.05
 LIGHT_NU = 4.0
 BALANCE_SURVIVAL = 0.1
-BALANCE_RATIO = 2.0
+BALANCE_RATIO = 1.5
 BALANCE_SD = 2.0
 REACH_FACTOR = 1.5
 #: A fitted tail (lower bound on nu) heavier than this (infinite variance) flags the bar.

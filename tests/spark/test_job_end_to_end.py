@@ -4,6 +4,7 @@ refused before anything is written."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from pathlib import Path
@@ -76,6 +77,9 @@ def test_end_to_end_seeded(spark, flights_full, tmp_path):
     assert (rel.privacy_unit == "tailnum").all() and (rel.run_id == cfg.run_id_for("run-seeded")).all()
     assert rel.noise_source.str.contains("NOT for release").all()
     assert rel.input_fingerprint.notna().all()
+    # the flag column mirrors each mean's DP tail check
+    for _, r in rel.iterrows():
+        assert r.flagged is not None and bool(r.flagged) == json.loads(r.parameters)["tail_flag"]
     for col, name, row in (("arr_delay", "arr", sql[0]), ("dep_delay", "dep", sql[1])):
         exact, n = exact_person_mean(pdf, col)
         est = float(rel.loc[rel.statistic == name, "estimate"].iloc[0][0])
@@ -100,6 +104,38 @@ def test_two_runs_differ_and_append(spark, flights_sample, tmp_path):
     df = read_delta(str(tmp_path / "releases")).to_pandas()
     assert len(df) == 4 and df.error_bar.notna().all()
     assert set(df.noise_source) == {"opendp-0.16"}
+
+
+def test_releases_table_written_before_the_flag_column_gains_it(spark, flights_sample, tmp_path):
+    """A releases table from before ``flagged`` existed: the next run appends (schema evolution),
+    its rows carry the flag, the old rows read null (Spark SQL and deltalake)."""
+    import dataclasses
+
+    from pyspark.sql import types as T
+
+    from spark_jobs.release import release_schema
+
+    path, _ = flights_sample
+    cfg = make_config(path, tmp_path, options={"scale": 30})
+    first = run_job(cfg, spark=spark, noise=SeededNoise(1), run_id="old")
+    table = str(tmp_path / "releases")
+    # rewrite the table as an old writer would have made it: no flagged column
+    old_schema = T.StructType([f for f in release_schema().fields if f.name != "flagged"])
+    old_rows = [tuple(v for k, v in dataclasses.asdict(r).items() if k != "flagged") for r in first.rows]
+    import shutil
+
+    shutil.rmtree(table)
+    spark.createDataFrame(old_rows, schema=old_schema).write.format("delta").mode("append").save(table)
+    assert "flagged" not in read_delta(table).column_names
+    second = run_job(cfg, spark=spark, noise=SeededNoise(2), run_id="new")
+    df = read_delta(table).to_pandas()
+    old = df[df.run_id == cfg.run_id_for("old")]
+    new = df[df.run_id == cfg.run_id_for("new")]
+    assert len(old) == 2 and old.flagged.isna().all()
+    # declared-scale means make no tail check: null as well, but the column now exists
+    assert len(new) == 2 and [r.flagged for r in second.rows] == [None, None]
+    sql = spark.sql(f"SELECT count(*) AS c FROM delta.`{table}` WHERE flagged IS NULL").collect()
+    assert sql[0].c == 4
 
 
 def test_csv_and_delta_inputs(spark, flights_sample, tmp_path):
