@@ -15,13 +15,14 @@ scale s, the range R) replaced by private estimates (:mod:`dplib.mean.ranges`). 
                                                           centroid of its neighbourhood -> c
  3    deviation profile       0.10                        pure histogram of |Y - c| on half
                                                           octaves -> tail model, radius rho
- 3b   tail balance            0.05                        Laplace on the persons beyond +x_a and
+ 3b   tail balance            0.05 (light tails only)     Laplace on the persons beyond +x_a and
                                                           beyond -x_a (x_a from the profile)
  4    fine clip-and-noise     the rest (0.77, or 0.43)    Laplace on (sum trunc(Y - c, rho), w n)
 ====  =====================  ==========================  =======================================
 
 Stage 1 runs a second time, with a larger share, only when its first run released no bucket (a DP
-outcome: too few persons for the small share). The shares are thus chosen adaptively from
+outcome: too few persons for the small share); stage 3b runs only when the tail fitted to stage 3
+is light (``nu >= LIGHT_NU``, a DP outcome), else its share goes to stage 4. The shares are thus chosen adaptively from
 earlier DP outputs under a fixed total; the statistic never spends more than its (epsilon, delta)
 (basic composition with adaptively chosen parameters whose sum is bounded: a privacy filter,
 Rogers, Roth, Ullman, Vadhan 2016). Shares were tuned on the anchors benchmark
@@ -191,8 +192,8 @@ class ScaleFreeMeanPlan:
     def charges(self, prefix: str = "") -> list[Charge]:
         """The nominal charges, in order: the privacy cost before any data is read.
 
-        The retry of stage 1 is charged only if it runs, and the centre and profile stages get
-        their largest shares (listed here) only after a retry; what they do not use goes to the
+        The retry of stage 1 and the tail balance are charged only if they run, and the centre and
+        profile stages get their largest shares (listed here) only after a retry; what they do not use goes to the
         fine stage, whose charge is always what is left of the budget. The total is the budget.
         """
         eps, delta = self.budget.epsilon, self.budget.delta
@@ -445,10 +446,14 @@ def scale_free_person_mean(
     model, fitted_nu, nu_used, tail_flag, overflow = tail_from_profile(profile, b_profile.epsilon, plan.k)
 
     # 3b. tail balance: noisy persons beyond +x_a and beyond -x_a (x_a public, from the profile)
-    b_bal = charge(STAGE_BALANCE)
-    balanced = tail_balance(signed_counts, balance_edge(model), b_bal.epsilon, noise, PROFILE_SUB_EDGES)
+    # 3b. tail balance, only for a light fitted tail (a DP outcome; otherwise its share goes to the
+    # fine stage, within the fixed total)
+    balanced = None
+    if model.nu >= LIGHT_NU:
+        b_bal = charge(STAGE_BALANCE)
+        balanced = tail_balance(signed_counts, balance_edge(model), b_bal.epsilon, noise, PROFILE_SUB_EDGES)
     del signed_counts
-    light_symmetric = bool(model.nu >= LIGHT_NU and balanced)
+    light_symmetric = bool(balanced)
 
     # 4. fine clip-and-noise, with what is left of the budget
     spent_eps, _ = composed_cost(accountant.charges[start:])
