@@ -131,15 +131,17 @@ def cmd_prepare_flights(args) -> int:
 
 def cmd_releases(args) -> int:
     """``person-dp releases list|show``: read the releases Delta table without Spark."""
-    from spark_jobs.query import RELEASE_COLUMNS, read_releases, render
+    from spark_jobs.query import RELEASE_COLUMNS, read_releases, render, render_records
 
     rows = read_releases(args.table, getattr(args, "run_id", None))
     if args.action == "show":
         if not rows:
             print(f"error: no release with run id {args.run_id!r} in {args.table}", file=sys.stderr)
             return 2
-        cols = list(rows[0].keys()) if args.format != "table" else RELEASE_COLUMNS + ["error_covers", "parameters"]
-        print(render(rows, cols, args.format))
+        if args.format == "table":  # name: value blocks that fit the terminal
+            print(render_records(rows, list(rows[0].keys())))
+        else:
+            print(render(rows, list(rows[0].keys()), args.format))
         if args.format == "table":
             for r in rows:
                 if matrix_lines(r):

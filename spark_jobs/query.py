@@ -76,8 +76,56 @@ def _cell(v) -> str:
     return str(v)
 
 
+#: Widest cell of the aligned text table (``releases list``); longer ones end in "...". The full
+#: values are in ``releases show``, ``--format json`` and ``--format csv``.
+MAX_CELL = 40
+#: Line width of ``releases show`` when the terminal's is unknown.
+DEFAULT_WIDTH = 100
+
+
+def _short(text: str, limit: int = MAX_CELL) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _show_cell(v) -> str:
+    if isinstance(v, list):  # items separated by spaces, so that lines wrap between items
+        return ", ".join(_show_cell(x) for x in v)
+    return _cell(v)
+
+
+def render_records(rows: list[dict], columns: list[str], width: int | None = None) -> str:
+    """Rows as blocks of ``name: value`` lines wrapped to ``width`` (the terminal's, else 100):
+    one block per row, ``parameters`` (JSON) one key per line. Nothing is cut."""
+    import shutil
+    import textwrap
+
+    width = width or shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+    width = max(width, 40)
+    pad = max(len(c) for c in columns) + 2
+    out: list[str] = []
+    for r in rows:
+        if out:
+            out.append("")
+        for c in columns:
+            v = r.get(c)
+            if c == "parameters" and isinstance(v, str):
+                try:
+                    params = json.loads(v)
+                except ValueError:
+                    params = None
+                if isinstance(params, dict):
+                    out.append(f"{c}:")
+                    for k in sorted(params):
+                        out.append(textwrap.fill(f"{k} = {_show_cell(params[k])}", width, initial_indent="  ",
+                                                 subsequent_indent=" " * 6, break_long_words=True))
+                    continue
+            out.append(textwrap.fill(_show_cell(v), width, initial_indent=f"{c}:".ljust(pad),
+                                     subsequent_indent=" " * pad, break_long_words=True) or f"{c}:")
+    return "\n".join(out)
+
+
 def render(rows: list[dict], columns: list[str], fmt: str) -> str:
-    """Rows as an aligned text table, JSON or CSV."""
+    """Rows as an aligned text table (cells cut at ``MAX_CELL`` characters), JSON or CSV."""
     if fmt == "json":
         return json.dumps([{c: r.get(c) for c in columns} for r in rows], default=str, indent=2)
     if fmt == "csv":
@@ -87,7 +135,7 @@ def render(rows: list[dict], columns: list[str], fmt: str) -> str:
         for r in rows:
             w.writerow([_cell(r.get(c)) for c in columns])
         return buf.getvalue()
-    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+    cells = [[_short(_cell(r.get(c))) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
     lines.append("  ".join("-" * w for w in widths))
