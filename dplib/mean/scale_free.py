@@ -17,7 +17,8 @@ scale s, the range R) replaced by private estimates (:mod:`dplib.mean.ranges`). 
                                                           octaves -> tail model, radius rho
  3b   tail balance            0.05 (light tails only)     Laplace on the persons beyond +x_a and
                                                           beyond -x_a (x_a from the profile)
- 4    fine clip-and-noise     the rest (0.77, or 0.43)    Laplace on (sum trunc(Y - c, rho), w n)
+ 4    fine clip-and-noise     the rest (0.77 or 0.82;     Laplace on (sum trunc(Y - c, rho), w n)
+                              0.43 or 0.48 after retry)
 ====  =====================  ==========================  =======================================
 
 Stage 1 runs a second time, with a larger share, only when its first run released no bucket (a DP
@@ -33,7 +34,8 @@ Radius: the one that minimises a DP estimate of (clipping bias + Laplace noise) 
 deviation profile's tail model (measured survival of ``|Y - c|``, extended beyond what the profile
 measures by a Student-t tail fitted to its bins, taken ``NU_MARGIN`` degrees of freedom heavier),
 capped at ``RADIUS_REACH`` (8) times how far the profile measures (parameter ``radius_capped``).
-When the fitted tail is light (``nu >= LIGHT_NU``) and stage 3b finds both tails measured and
+When the fitted tail is light (point ``nu >= LIGHT_NU``, parameter ``tail_nu_point``; ``k``, if
+given, at least ``LIGHT_NU``) and stage 3b finds both tails measured and
 within a factor ``BALANCE_RATIO`` (1.5) of each other (``light_symmetric``), the radius is further capped
 at ``REACH_FACTOR`` (1.5) times that reach: two balanced light tails clipped there lose offsetting
 excesses, and the bias bound is scaled to the larger one's share (0.6). One-sided tails (delays,
@@ -298,8 +300,8 @@ def tail_balance(signed_counts: dict, x_a: float, epsilon: float, noise: NoiseSo
     """Release the persons beyond ``+x_a`` and beyond ``-x_a`` (``Y - c >= x_a``, ``Y - c <= -x_a``)
     with Laplace(1/epsilon) each; True when both tails are measured (the smaller count at least
     ``BALANCE_SD`` noise sds) and neither holds more than ``BALANCE_RATIO`` times the other (up to
-    ``BALANCE_SD`` sds of the difference's noise). Post-processing decides; False also when
-    ``x_a`` is not a positive finite edge (nothing to count).
+    ``BALANCE_SD`` sds of the difference's noise). Post-processing decides. False, with no noise
+    drawn, when ``x_a`` is not positive and finite (nothing to count).
 
     ``signed_counts`` are the exact signed log-bin counts (:meth:`Aggregates.log_histogram`) of
     ``Y - c``; ``x_a`` must be one of their bin edges (a profile edge), so whole bins are counted.
@@ -445,11 +447,12 @@ def scale_free_person_mean(
     profile = deviation_profile_from_counts(signed_counts, b_profile.epsilon, noise, low, high, PROFILE_SUB_EDGES)
     model, fitted_nu, nu_used, tail_flag, overflow = tail_from_profile(profile, b_profile.epsilon, plan.k)
 
-    # 3b. tail balance: noisy persons beyond +x_a and beyond -x_a (x_a public, from the profile)
-    # 3b. tail balance, only for a light fitted tail (a DP outcome; otherwise its share goes to the
-    # fine stage, within the fixed total)
+    # 3b. tail balance: noisy persons beyond +x_a and beyond -x_a (x_a public, from the profile),
+    # only for a light fitted tail (a DP outcome; otherwise its share goes to the fine stage, within
+    # the fixed total) and a user moment order k, if any, no smaller than LIGHT_NU. It reuses the
+    # exact counts read under stage 3's charge; its own charge comes before its noise.
     balanced = None
-    if model.nu >= LIGHT_NU:
+    if model.nu >= LIGHT_NU and (plan.k is None or plan.k >= LIGHT_NU):
         b_bal = charge(STAGE_BALANCE)
         balanced = tail_balance(signed_counts, balance_edge(model), b_bal.epsilon, noise, PROFILE_SUB_EDGES)
     del signed_counts
@@ -487,7 +490,12 @@ def scale_free_person_mean(
             "measured in it, or a tail heavier than x^-1); the estimate is private but has no honest "
             "error bar"
         )
-    elif tail_flag:
+    elif light_symmetric:
+        covers += (
+            " (two light tails of balanced size, checked privately: the bias bound takes the larger "
+            "tail's share of their clipped excess, assuming the excesses scale with the counts)"
+        )
+    if half is not None and tail_flag:
         covers += (
             "; WARNING (tail_flag): the persons' means look heavy-tailed (fitted tail power "
             f"{fitted_nu:.2g} < {FLAG_NU:g}, or persons beyond the deviation histogram); the bias "
@@ -501,6 +509,7 @@ def scale_free_person_mean(
             "noisy_person_count": round(n_noisy, 1),
             "clipping_bias_bound": bias_bound,
             "tail_nu": round(fitted_nu, 3),
+            "tail_nu_point": round(float(model.nu), 3),
             "tail_nu_used": round(nu_used, 3),
             "tail_flag": tail_flag,
             "profile_overflow_share": round(overflow, 4),

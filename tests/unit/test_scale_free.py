@@ -493,3 +493,18 @@ def test_heavy_tail_skips_the_balance_stage_and_keeps_the_balanced_radius():
     assert rel.epsilon == pytest.approx(1.0)
     # Lomax 2.5's far persons sit tens of times beyond the bulk: the radius goes well past 1.5x reach
     assert rel.parameters["clipping_radius"] > REACH_FACTOR * 2.0
+
+
+def test_a_user_moment_order_below_light_disables_the_light_path():
+    """``k = 2`` promises wider radii for tails heavier than they look: no tail balance runs (its
+    share goes to the fine stage) and the radius is the balanced one, not 1.5x the reach."""
+    rng = np.random.default_rng(21)
+    y = 5.0 + rng.standard_normal(20000)
+    backend = NumpyAggregates({"v": y}, rng.integers(0, 2**32, y.size))
+    light = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(3))
+    capped = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET, k=2.0), SeededNoise(3))
+    assert light.parameters["light_symmetric"] is True
+    assert capped.parameters["tail_balanced"] is None and capped.parameters["light_symmetric"] is False
+    assert capped.parameters["fine_epsilon"] == pytest.approx(0.82)
+    assert capped.parameters["clipping_radius"] > light.parameters["clipping_radius"]
+    assert "balanced size" in light.error_covers and "balanced size" not in capped.error_covers
