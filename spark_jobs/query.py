@@ -184,25 +184,109 @@ def matrix_lines(r) -> list[str]:
     return out
 
 
-def _section(r: dict, png: Path) -> str:
+#: Earlier runs of a statistic listed in its report section.
+HISTORY_RUNS = 10
+
+
+def _unit(r: dict, label: str) -> str:
+    """What a coordinate's numbers are in: a share for a distribution, else the column's units."""
+    return "share of the person-level distribution" if r["kind"] == "distribution" else f"units of {label}"
+
+
+def _numbers_table(r: dict) -> str:
+    """The released numbers as an HTML table: one row per coordinate or category."""
+    if matrix_lines(r):
+        shape = r["estimate_shape"]
+        cols = list(r["columns"])
+        labels = cols if shape[0] == len(cols) else ["mean", *cols][: shape[0]]
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+        body = "".join(
+            f"<tr><th>{html.escape(labels[i])}</th>"
+            + "".join(f"<td>{v:.6g}</td>" for v in r["estimate"][i * shape[1] : (i + 1) * shape[1]])
+            + "</tr>"
+            for i in range(shape[0])
+        )
+        return f"<table class='num'><tr><th></th>{head}</tr>{body}</table>"
+    bars = r["error_bar"] or [None] * len(r["estimate"])
+    level = int(round(r["error_level"] * 100))
+    body = "".join(
+        f"<tr><th>{html.escape(str(lab))}</th><td>{est:.6g}</td>"
+        f"<td>{'&plusmn; ' + format(bar, '.3g') if bar is not None and math.isfinite(bar) else 'no bar'}</td>"
+        f"<td>{html.escape(_unit(r, str(lab)))}</td></tr>"
+        for lab, est, bar in zip(coordinate_labels(r), r["estimate"], bars)
+    )
+    return (f"<table class='num'><tr><th></th><th>estimate</th><th>{level}% error bar</th><th>in</th></tr>"
+            f"{body}</table>")
+
+
+def _history_table(r: dict, earlier: list[dict]) -> str:
+    """Earlier releases of the same job and statistic, newest first (first coordinate shown)."""
+    if not earlier:
+        return "<p class='hist'>No earlier run of this statistic in the table.</p>"
+    rows = []
+    for h in earlier[:HISTORY_RUNS]:
+        if h["status"] == "OK" and h["estimate"]:
+            bar = (h["error_bar"] or [None])[0]
+            val = f"{h['estimate'][0]:.6g}" + (f" &plusmn; {bar:.3g}" if bar is not None and math.isfinite(bar) else "")
+            if len(h["estimate"]) > 1:
+                val += f" (first of {len(h['estimate'])})"
+        else:
+            val = "&mdash;"
+        flag = " (flagged)" if h.get("flagged") else ""
+        rows.append(f"<tr><td>{html.escape(str(h['created_at']))}</td><td>{html.escape(h['run_id'][:14])}</td>"
+                    f"<td>{html.escape(h['status'])}{flag}</td><td>{val}</td><td>{h['epsilon']:.4g}</td></tr>")
+    more = f"<p class='hist'>{len(earlier) - HISTORY_RUNS} older runs not shown.</p>" if len(earlier) > HISTORY_RUNS else ""
+    return ("<table class='hist'><tr><th>run at</th><th>run id</th><th>status</th><th>estimate</th>"
+            f"<th>&epsilon;</th></tr>{''.join(rows)}</table>{more}")
+
+
+def _not_released(r: dict) -> str:
+    reason = r["error_covers"]
+    reason = reason[len("none: "):] if reason.startswith("none: ") else reason
+    return (f"<p class='fail'><b>No estimate was released ({html.escape(r['status'])}).</b> "
+            f"Why: {html.escape(reason)}. The statistic still spent &epsilon;={r['epsilon']:.4g}, "
+            f"&delta;={r['delta']:.3g} (the stages that ran).</p>")
+
+
+def _section(r: dict, pngs: list[Path], earlier: list[dict]) -> str:
+    imgs = "".join(f"<img src='{p.name}' alt='{html.escape(r['statistic'])}'>" for p in pngs)
+    ok = r["status"] == "OK" and bool(r["estimate"])
+    flag = (
+        "<p class='fail'><b>Flagged:</b> the error bar rests on a tail assumption the release's own DP "
+        "checks could not confirm; it may be too narrow.</p>" if r.get("flagged") else ""
+    )
     return (
-        f"<section><h2>{html.escape(r['statistic'])}</h2><img src='{png.name}' alt='{html.escape(r['statistic'])}'>"
-        f"<p><b>{html.escape(r['status'])}</b> &middot; estimand: {html.escape(r['estimand'])}</p>"
+        f"<section><h2>{html.escape(r['statistic'])}</h2>"
+        + (_numbers_table(r) if ok else _not_released(r))
+        + flag + imgs
+        + f"<p><b>{html.escape(r['status'])}</b> &middot; estimand: {html.escape(r['estimand'])}</p>"
         f"<p>privacy: &epsilon;={r['epsilon']:.4g}, &delta;={r['delta']:.3g} per {html.escape(r['privacy_unit'])} "
         f"({html.escape(r['neighbouring'])}); algorithm {html.escape(r['algorithm'])} v{html.escape(r['algorithm_version'])}</p>"
-        f"<p>the error bar covers {html.escape(r['error_covers'])}</p></section>"
+        f"<p>the error bar covers {html.escape(r['error_covers'])}</p>"
+        f"<h3>Earlier runs</h3>{_history_table(r, earlier)}</section>"
     )
 
 
+def _safe_name(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)
+
+
 def write_report(table: str, out_dir: str, run_id: str | None = None) -> Path:
-    """A small HTML report: one PNG per released statistic (estimate with its error bar) of the
-    newest run (or of ``run_id``), with the privacy metadata beside it. Returns the HTML path."""
+    """A small HTML report of the newest run (or of ``run_id``): per released statistic, its numbers
+    in a table (estimate, error bar, units, per coordinate or category), charts (one per coordinate
+    of a multivariate mean, each in its column's units; one for a distribution's shares; a heat map
+    for a matrix), why nothing was released when the status is not OK, a flag warning, the privacy
+    metadata, and the statistic's earlier runs. Returns the HTML path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_releases(table, run_id)
+    everything = read_releases(table)
+    if run_id:
+        rows = [r for r in everything if r["run_id"] == run_id]
+    else:
+        rows = everything
     if not rows:
         raise FileNotFoundError(f"no releases in {table}" + (f" for run {run_id}" if run_id else ""))
     run = rows[0]["run_id"]
@@ -211,11 +295,13 @@ def write_report(table: str, out_dir: str, run_id: str | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     parts = []
     for r in sorted(rows, key=lambda r: r["statistic"]):
-        png = out / f"{r['statistic']}.png"
-        fig, ax = plt.subplots(figsize=(5.5, 1.8))
-        if r["status"] == "OK" and matrix_lines(r):
+        earlier = [h for h in everything if h["job_name"] == r["job_name"] and h["statistic"] == r["statistic"]
+                   and h["created_at"] < r["created_at"]]
+        base = _safe_name(r["statistic"])
+        pngs: list[Path] = []
+        ok = r["status"] == "OK" and bool(r["estimate"])
+        if ok and matrix_lines(r):
             # a matrix (BHS23 covariance / gaussian): a heat map with the values written in
-            plt.close(fig)
             rows_n, cols_n = r["estimate_shape"]
             mat = [r["estimate"][i * cols_n : (i + 1) * cols_n] for i in range(rows_n)]
             fig, ax = plt.subplots(figsize=(1.2 + 1.1 * cols_n, 0.9 + 0.6 * rows_n))
@@ -228,48 +314,48 @@ def write_report(table: str, out_dir: str, run_id: str | None = None) -> Path:
                     ax.text(j, i, f"{mat[i][j]:.3g}", ha="center", va="center", fontsize=8)
             ax.set_title(r["statistic"], fontsize=10)
             fig.tight_layout()
-            fig.savefig(png, dpi=110)
+            pngs.append(out / f"{base}.png")
+            fig.savefig(pngs[-1], dpi=110)
             plt.close(fig)
-            parts.append(_section(r, png))
-            continue
-        if r["status"] == "OK" and r["estimate"] and len(r["estimate"]) > 1:
-            # a vector: one row per coordinate, each with its own bar
-            plt.close(fig)
-            fig, ax = plt.subplots(figsize=(5.5, 0.6 + 0.5 * len(r["estimate"])))
+        elif ok and r["kind"] == "distribution":
+            # shares of one distribution: one axis, in shares
             ys = list(range(len(r["estimate"])))
             bars = r["error_bar"] or [0.0] * len(ys)
-            ax.errorbar(r["estimate"], ys, xerr=[bars, bars], fmt="o", capsize=6, color="#1f5fa8")
-            ax.set_yticks(ys, [f"{c}: {e:.4g}" for c, e in zip(coordinate_labels(r), r["estimate"])])
-            ax.set_title(f"{r['statistic']} ({int(r['error_level'] * 100)}% bars)", fontsize=10)
-            ax.set_xlabel("data units")
+            fig, ax = plt.subplots(figsize=(5.5, 0.6 + 0.4 * len(ys)))
+            ax.errorbar(r["estimate"], ys, xerr=[bars, bars], fmt="o", capsize=5, color="#1f5fa8")
+            ax.set_yticks(ys, [str(c) for c in coordinate_labels(r)])
+            ax.set_xlabel("share of the person-level distribution")
+            ax.set_title(f"{r['statistic']} ({int(round(r['error_level'] * 100))}% bars)", fontsize=10)
             fig.tight_layout()
-            fig.savefig(png, dpi=110)
+            pngs.append(out / f"{base}.png")
+            fig.savefig(pngs[-1], dpi=110)
             plt.close(fig)
-            parts.append(_section(r, png))
-            continue
-        if r["status"] == "OK" and r["estimate"]:
-            est = r["estimate"][0]
-            bar = r["error_bar"][0] if r["error_bar"] else None
-            if bar is not None and math.isfinite(bar):
-                ax.errorbar([est], [0], xerr=[[bar], [bar]], fmt="o", capsize=8, color="#1f5fa8")
-                ax.set_xlim(est - 2.5 * bar, est + 2.5 * bar)
-            else:
-                ax.plot([est], [0], "o", color="#1f5fa8")
-            ax.set_title(f"{r['statistic']}: {est:.4g}" + (f" ± {bar:.3g} ({int(r['error_level'] * 100)}%)" if bar else ""),
-                         fontsize=10)
-        else:
-            ax.text(0.5, 0.5, r["status"], ha="center", va="center", transform=ax.transAxes)
-            ax.set_title(r["statistic"], fontsize=10)
-        ax.set_yticks([])
-        ax.set_xlabel(", ".join(r["columns"]))
-        fig.tight_layout()
-        fig.savefig(png, dpi=110)
-        plt.close(fig)
-        parts.append(_section(r, png))
+        elif ok:
+            # a mean, one chart per coordinate, each on its own axis in its column's units
+            bars = r["error_bar"] or [None] * len(r["estimate"])
+            for j, (lab, est, bar) in enumerate(zip(coordinate_labels(r), r["estimate"], bars)):
+                fig, ax = plt.subplots(figsize=(5.5, 1.5))
+                if bar is not None and math.isfinite(bar) and bar > 0:
+                    ax.errorbar([est], [0], xerr=[[bar], [bar]], fmt="o", capsize=8, color="#1f5fa8")
+                    ax.set_xlim(est - 2.5 * bar, est + 2.5 * bar)
+                    title = f"{lab}: {est:.4g} ± {bar:.3g} ({int(round(r['error_level'] * 100))}%)"
+                else:
+                    ax.plot([est], [0], "o", color="#1f5fa8")
+                    title = f"{lab}: {est:.4g} (no error bar)"
+                ax.set_title(title, fontsize=10)
+                ax.set_yticks([])
+                ax.set_xlabel(str(lab))
+                fig.tight_layout()
+                pngs.append(out / (f"{base}.png" if len(r["estimate"]) == 1 else f"{base}__{j}.png"))
+                fig.savefig(pngs[-1], dpi=110)
+                plt.close(fig)
+        parts.append(_section(r, pngs, earlier))
     page = out / "report.html"
     page.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>Release report</title>"
-        "<style>body{font-family:sans-serif;max-width:760px;margin:2em auto}section{margin-bottom:2em}</style>"
+        "<style>body{font-family:sans-serif;max-width:760px;margin:2em auto}section{margin-bottom:2em}"
+        "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
+        ".fail{color:#a00}</style>"
         f"</head><body><h1>Release {html.escape(run)}</h1><p>{html.escape(rows[0]['job_name'])} on "
         f"{html.escape(rows[0]['dataset'])}, {rows[0]['created_at']}</p>{''.join(parts)}</body></html>"
     )
