@@ -150,6 +150,20 @@ class Aggregates(Protocol):
         """
         ...
 
+    def clipped_outer_sum(
+        self,
+        columns: Sequence[str],
+        center: np.ndarray,
+        radius: float,
+        group: GroupRange,
+        scales: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, int]:
+        """Exact ``(sum_i vech(u_i u_i^T), n)`` with ``u_i`` the clipped (scaled) deviation of
+        :meth:`clipped_sum` and ``vech`` the upper triangle row by row (``j <= k``, length
+        ``d(d+1)/2``), each entry in fixed point (:func:`quantize_products`). One person's
+        vector has l2 norm at most ``||u_i||^2 <= radius^2`` (plus rounding)."""
+        ...
+
     def clipped_sum(
         self,
         columns: Sequence[str],
@@ -239,6 +253,40 @@ def quantize_deviations(dev: np.ndarray, radius: float) -> np.ndarray:
     to even, as Spark's ``bround``.
     """
     return np.rint(dev / radius * QUANT_SCALE).astype(np.int64)
+
+
+def upper_pairs(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row and column indices of the upper triangle (``j <= k``), row by row."""
+    return np.triu_indices(d)
+
+
+def quantize_products(u: np.ndarray, radius: float) -> np.ndarray:
+    """Fixed-point units of the products ``u_j u_k`` (``j <= k``) of clipped deviations ``u``
+    (shape ``(n, d)``): ``rint(u_j u_k / radius^2 * 2**QUANT_BITS)`` (int64, ``|unit| <= 2**QUANT_BITS``
+    since ``|u_j u_k| <= ||u||^2 <= radius^2``). Half to even, as Spark's ``bround``."""
+    jj, kk = upper_pairs(u.shape[1])
+    r2 = float(radius) * float(radius)
+    return np.rint((u[:, jj] * u[:, kk]) / r2 * QUANT_SCALE).astype(np.int64)
+
+
+#: Largest radius of :meth:`Aggregates.clipped_outer_sum`: radius^2 must stay finite.
+MAX_OUTER_RADIUS = 1e150
+
+
+def check_outer_radius(radius: float) -> None:
+    """Refuse a radius whose square overflows (a public parameter; checked before any read)."""
+    if not (float(radius) <= MAX_OUTER_RADIUS):
+        raise InvalidParameterError(f"radius must be <= {MAX_OUTER_RADIUS:g} for the outer-product sum, got {radius!r}")
+
+
+def outer_sum_l2_sensitivity(radius: float, d: int) -> float:
+    """l2 sensitivity, add/remove, of the fixed-point sum of ``vech(u u^T)`` in data units squared:
+    ``||vech(u u^T)||_2 <= ||u u^T||_F = ||u||^2 <= radius^2`` (the clip factor is computed in
+    floating point, so ``||u||`` may exceed the radius by a few ulps: margin ``2^-40``), plus half a
+    unit of rounding per entry."""
+    r2 = float(radius) * float(radius)
+    m = d * (d + 1) // 2
+    return r2 * (1.0 + 2.0**-40) + np.sqrt(m) * r2 / 2.0 ** (QUANT_BITS + 1)
 
 
 def clipped_sum_l2_sensitivity(radius: float, d: int) -> float:
@@ -441,6 +489,30 @@ class NumpyAggregates:
         if rows.shape[0] == 0:
             return {}
         return self._log_keys(deviation_norms(scaled_deviations(rows, c, sc)), 0.0, edges)
+
+    def clipped_outer_sum(
+        self,
+        columns: Sequence[str],
+        center: np.ndarray,
+        radius: float,
+        group: GroupRange,
+        scales: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, int]:
+        c = check_clip_args(columns, center, radius)
+        sc = check_scales(scales, len(columns))
+        check_outer_radius(radius)
+        rows = self._rows(columns, group)
+        m = len(columns) * (len(columns) + 1) // 2
+        if rows.shape[0] == 0:
+            return np.zeros(m), 0
+        units = quantize_products(clip_deviations(rows, c, float(radius), sc), float(radius))
+        chunk = 2 ** (62 - QUANT_BITS)
+        total = [0] * m
+        for start in range(0, units.shape[0], chunk):
+            part = np.sum(units[start : start + chunk], axis=0, dtype=np.int64)
+            total = [t + int(p) for t, p in zip(total, part.tolist())]
+        r2 = float(radius) * float(radius)
+        return np.array([float(t) for t in total]) * (r2 / QUANT_SCALE), int(rows.shape[0])
 
     def clipped_sum(
         self,

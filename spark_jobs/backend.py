@@ -20,6 +20,7 @@ from dplib.aggregates import (
     VALUE_BOUND,
     check_clip_args,
     check_multi,
+    check_outer_radius,
     check_scales,
     check_sub_edges,
     histogram_clamp,
@@ -243,6 +244,44 @@ class SparkAggregates:
         keys = self._log_keys(df, ["_norm"], [0.0], edges)
         rows = self._collect(keys.groupBy(keys["_k0"].alias("bin")).count())
         return {int(r["bin"]): int(r["count"]) for r in rows}
+
+    def clipped_outer_sum(
+        self,
+        columns: Sequence[str],
+        center: np.ndarray,
+        radius: float,
+        group: GroupRange,
+        scales: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, int]:
+        """As :meth:`dplib.aggregates.NumpyAggregates.clipped_outer_sum`, operation for operation."""
+        from pyspark.sql import functions as F
+
+        c = check_clip_args(columns, center, radius)
+        sc = check_scales(scales, len(columns))
+        check_outer_radius(radius)
+        d = len(columns)
+        rho = F.lit(float(radius))
+        df = self._deviations(columns, c, sc, group)
+        dcols = [F.col(f"_d{j}") for j in range(d)]
+        if d == 1:
+            df = df.select(F.least(F.greatest(dcols[0], -rho), rho).alias("_u0"))
+        else:
+            df = self._with_norm(df, d)
+            norm = F.col("_norm")
+            factor = F.when(norm > rho, rho / F.when(norm > 0, norm).otherwise(F.lit(1.0))).otherwise(F.lit(1.0))
+            df = df.select(*dcols, factor.alias("_factor"))
+            df = df.select(*[(x * F.col("_factor")).alias(f"_u{j}") for j, x in enumerate(dcols)])
+        r2 = F.lit(float(radius) * float(radius))
+        pairs = [(j, k) for j in range(d) for k in range(j, d)]
+        units = [F.bround((F.col(f"_u{j}") * F.col(f"_u{k}")) / r2 * F.lit(QUANT_SCALE), 0).cast("long")
+                 for j, k in pairs]
+        aggs = [F.sum(u.cast("decimal(38,0)")).alias(f"s{i}") for i, u in enumerate(units)]
+        row = self._collect(df.agg(*aggs, F.count(F.lit(1)).alias("n")))[0]
+        n = int(row["n"])
+        if n == 0:
+            return np.zeros(len(pairs)), 0
+        total = [int(row[f"s{i}"]) for i in range(len(pairs))]
+        return np.array([float(t) for t in total]) * (float(radius) * float(radius) / QUANT_SCALE), n
 
     def clipped_sum(
         self,

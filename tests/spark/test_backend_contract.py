@@ -75,6 +75,26 @@ def test_clipped_sums_equal(persons, group, cols, center, radius):
     assert np.all(np.isfinite(s_sp))
 
 
+@pytest.mark.parametrize("group", GROUPS, ids=str)
+@pytest.mark.parametrize("cols,center,radius,scales", [
+    (["a"], [4.0], 30.0, None),
+    (["a", "b"], [4.0, -3.0], 25.0, None),
+    (["a", "b"], [10.0, -3.0], 3.0, [50.0, 2.0]),
+    (["b", "a"], [-3.0, 10.0], 1e-3, [2.0, 50.0]),
+])
+def test_clipped_outer_sums_equal(persons, group, cols, center, radius, scales):
+    """The clipped covariance's second-moment sum: bit for bit in both backends, one row back."""
+    np_b, sp_b = persons
+    sc = None if scales is None else np.array(scales)
+    before = sp_b.rows_collected
+    s_sp, n_sp = sp_b.clipped_outer_sum(cols, np.array(center), radius, group, sc)
+    s_np, n_np = np_b.clipped_outer_sum(cols, np.array(center), radius, group, sc)
+    assert sp_b.rows_collected - before == 1
+    assert n_sp == n_np and s_sp.shape == (len(cols) * (len(cols) + 1) // 2,)
+    np.testing.assert_array_equal(s_sp, s_np)
+    assert np.all(np.isfinite(s_sp))
+
+
 def test_histogram_extremes_clamped(persons):
     np_b, sp_b = persons
     h = sp_b.histogram("a", 1.0, 0.0, ALL_PERSONS)
