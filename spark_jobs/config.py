@@ -372,6 +372,10 @@ class CovarianceOptions(_Frozen):
     beta: float = 0.05
     dummy: tuple[float, ...] | None = None
     expected_persons: int | None = None
+    #: kind ``covariance`` only: ``bhs23`` (default; needs ~10^5 persons at d = 4) or ``clipped``
+    #: (clip-and-noise around a private mean, scales and radius: from a few thousand persons;
+    #: ``dplib.covariance.clipped``). The BHS23 options above do not apply to ``clipped``.
+    estimator: Literal["bhs23", "clipped"] = "bhs23"
 
     @field_validator("lambda0", "lambda0_cov")
     @classmethod
@@ -391,6 +395,8 @@ class CovarianceOptions(_Frozen):
 def _options_kind(v: Any) -> str:
     """Which options model a mapping is: distribution options name ``categories`` or ``m``."""
     if isinstance(v, CovarianceOptions):
+        return "covariance"
+    if isinstance(v, dict) and v.get("estimator") in ("bhs23", "clipped"):
         return "covariance"
     if isinstance(v, DistributionOptions):
         return "distribution"
@@ -450,6 +456,14 @@ class StatisticConfig(_Frozen):
                 raise ValueError(f"options.dummy must hold one value per column ({len(self.columns)}), got {len(o.dummy)}")
             if o.lambda0_cov is not None and self.kind != "gaussian":
                 raise ValueError("options.lambda0_cov is for kind 'gaussian' (kind 'covariance' takes options.lambda0)")
+            if o.estimator == "clipped":
+                if self.kind != "covariance":
+                    raise ValueError(f"options.estimator 'clipped' is for kind 'covariance', not {self.kind!r}")
+                if len(self.columns) < 2:
+                    raise ValueError("kind 'covariance' needs at least 2 columns")
+                bhs_only = [n for n in ("lambda0", "lambda0_cov", "dummy", "expected_persons") if getattr(o, n) is not None]
+                if bhs_only or o.beta != 0.05:
+                    raise ValueError(f"options {bhs_only or ['beta']} are BHS23's; estimator 'clipped' takes none")
             return self
         if isinstance(o, CovarianceOptions):
             raise ValueError(f"options of kind {self.kind!r} given to a BHS23 kind's model")

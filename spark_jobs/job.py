@@ -46,6 +46,9 @@ from dplib.distribution.private import ESTIMATOR_NAMES, DistributionPlan, privat
 from dplib.distribution.shares import ALGORITHM as SHARES_ALGORITHM
 from dplib.distribution.shares import ALGORITHM_VERSION as SHARES_VERSION
 from dplib.distribution.shares import SharePlan, share_distribution
+from dplib.covariance.clipped import ALGORITHM as CLIPPED_COV_ALGORITHM
+from dplib.covariance.clipped import ALGORITHM_VERSION as CLIPPED_COV_VERSION
+from dplib.covariance.clipped import ClippedCovariancePlan, clipped_covariance
 from dplib.covariance.person import PersonBHSPlan, private_person_statistic
 from dplib.covariance.params import ALGORITHM_VERSION as BHS_VERSION
 from dplib.mechanisms import NoiseSource, production_noise
@@ -105,7 +108,7 @@ BHS_HETEROGENEOUS = (
 
 MeanPlan = Union[
     UnivariateMeanPlan, ScaleFreeMeanPlan, MultivariateMeanPlan, ScaleFreeMultivariatePlan, DistributionPlan, SharePlan,
-    PersonBHSPlan,
+    PersonBHSPlan, ClippedCovariancePlan,
 ]
 
 
@@ -114,6 +117,8 @@ def statistic_plan(cfg: JobConfig, stat: StatisticConfig) -> MeanPlan:
     the config declares a scale."""
     total = Budget(cfg.budget.epsilon, cfg.budget.delta)
     opts = stat.options
+    if stat.kind == "covariance" and opts.estimator == "clipped":
+        return ClippedCovariancePlan(budget=total.scaled(stat.share), d=len(stat.columns))
     if stat.kind in ("mean_affine", "covariance", "gaussian"):
         return PersonBHSPlan(
             kind=stat.kind,
@@ -224,6 +229,13 @@ class JobPlan:
                     f"  {name}: BHS23 {p.kind}, d={p.d}, lambda0 {lam}; exactly n0 persons (DP lower bound, "
                     f"beta={p.beta:g}, keyed-hash rank, padded with the public dummy); needs n0 >= "
                     f"{p.minimum_persons()} persons, else FAIL (charged)"
+                )
+            elif isinstance(p, ClippedCovariancePlan):
+                lines.append(
+                    f"  {name}: clipped covariance, d={p.d}: the scale-free multivariate mean first "
+                    f"({p.mean_plan().budget.epsilon:.4g} of epsilon; needs a few thousand persons at d = 4, "
+                    "else INSUFFICIENT_DATA and the second stage is not charged), then Gaussian noise on the "
+                    "clipped second moment"
                 )
             elif isinstance(p, SharePlan):
                 lines.append(
@@ -512,6 +524,30 @@ def _bhs_row(cfg, stat, plan: PersonBHSPlan, summary, salt, noise, accountant, r
     )
 
 
+def _clipped_cov_row(cfg, stat, plan: ClippedCovariancePlan, backend, noise, accountant, run_id, lineage, created,
+                     run_key=None):
+    """The clip-and-noise covariance on the run's person summaries, one release row."""
+    columns = list(stat.columns)
+    rel = clipped_covariance(backend, columns, plan, noise, accountant, f"{stat.name}: ")
+    d = len(columns)
+    estimate = None if rel.covariance is None else [float(v) for v in np.ravel(rel.covariance)]
+    status = _Status(rel.status, rel.epsilon, rel.delta, 0.0, rel.error_covers)
+    params = {**rel.parameters, "coordinates": columns, "estimate_layout": [d, d], "m_min": cfg.summary.m_min,
+              "max_records_per_person": cfg.summary.max_records_per_person}
+    return _row(
+        cfg, stat, run_id, lineage, created, noise, status,
+        estimand=ESTIMAND_BHS["covariance"].format(cols=", ".join(columns)),
+        algorithm=CLIPPED_COV_ALGORITHM,
+        algorithm_version=CLIPPED_COV_VERSION,
+        estimate=estimate,
+        estimate_size=[d, d],
+        noise_scale=None,
+        error_bar=None,
+        parameters=params,
+        run_key=run_key,
+    )
+
+
 @dataclass(frozen=True)
 class _Status:
     """The fields of a release ``_row`` reads (BHS23 releases carry no error bar)."""
@@ -652,6 +688,10 @@ def run_job(
             plan = job_plan.plans[stat.name]
             if isinstance(plan, PersonBHSPlan):
                 rows.append(_bhs_row(cfg, stat, plan, summary, salt, noise, accountant, run_id, lineage, created, run_key))
+                log.info("statistic %s: %s", stat.name, rows[-1].status)
+                continue
+            if isinstance(plan, ClippedCovariancePlan):
+                rows.append(_clipped_cov_row(cfg, stat, plan, backend, noise, accountant, run_id, lineage, created, run_key))
                 log.info("statistic %s: %s", stat.name, rows[-1].status)
                 continue
             if isinstance(plan, SharePlan):

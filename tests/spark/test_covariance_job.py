@@ -258,3 +258,30 @@ def test_capped_vectors_from_a_wider_summary_equal_a_summary_of_their_own(spark,
     is_first = np.all(got[COLS].to_numpy() == first, axis=1)
     assert np.all(is_first | np.all(got[COLS].to_numpy() == last, axis=1))
     assert 0.45 < is_first.mean() < 0.55  # a fair draw between the two (12,000 persons: sd 0.005)
+
+
+def test_clipped_covariance_through_the_job_with_production_noise(spark, records, tmp_path):
+    """``estimator: clipped`` (issue 19: covariance at a few thousand persons and up) end to end
+    with the production noise source: a release of the d x d matrix, PSD, near the exact covariance
+    of person means (12,000 persons, eps 0.9), fully charged; the dry run names the algorithm; BHS23
+    options are refused for it."""
+    path, pdf = records
+    stats = [{"name": "cov", "kind": "covariance", "columns": COLS, "share": 0.9, "options": {"estimator": "clipped"}}]
+    cfg = make_config(path, tmp_path, stats)
+    assert "clipped covariance, d=2" in plan_job(cfg).render()
+    result = run_job(cfg, spark=spark)  # production noise (OpenDP samplers)
+    (row,) = result.rows
+    assert row.status == "OK" and row.estimate_shape == [2, 2]
+    assert row.algorithm.startswith("clipped-covariance") and "opendp" in row.noise_source
+    assert row.epsilon == pytest.approx(0.9) and row.delta <= 0.9 * 4e-4 + 1e-15
+    cov = np.array(row.estimate).reshape(2, 2)
+    assert np.allclose(cov, cov.T) and np.all(np.linalg.eigvalsh(cov) >= -1e-9 * np.abs(cov).max())
+    means = pdf.groupby("pid")[COLS].mean().to_numpy()
+    exact = np.cov(means.T, bias=True)
+    assert np.linalg.norm(cov - exact) / np.linalg.norm(exact) <= 0.25
+    stored = read_delta(result.table_path, {"run_id": result.run_id}).to_pylist()
+    assert stored[0]["estimate"] == row.estimate
+    with pytest.raises(ConfigError, match="BHS23"):
+        make_config(path, tmp_path, [{**stats[0], "options": {"estimator": "clipped", "lambda0": 3.0}}])
+    with pytest.raises(ConfigError, match="for kind 'covariance'"):
+        make_config(path, tmp_path, [{**stats[0], "kind": "mean_affine"}])
