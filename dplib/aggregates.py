@@ -255,6 +255,18 @@ def quantize_deviations(dev: np.ndarray, radius: float) -> np.ndarray:
     return np.rint(dev / radius * QUANT_SCALE).astype(np.int64)
 
 
+def exact_unit_sums(units: np.ndarray) -> list[int]:
+    """Exact column sums (Python integers) of fixed-point units (int64, ``|unit| <= 2**QUANT_BITS``):
+    int64 partial sums of at most ``2**(62 - QUANT_BITS)`` rows cannot wrap; they are added as
+    Python integers, so the total is exact and independent of order."""
+    chunk = 2 ** (62 - QUANT_BITS)
+    total = [0] * units.shape[1]
+    for start in range(0, units.shape[0], chunk):
+        part = np.sum(units[start : start + chunk], axis=0, dtype=np.int64)
+        total = [t + int(p) for t, p in zip(total, part.tolist())]
+    return total
+
+
 def upper_pairs(d: int) -> tuple[np.ndarray, np.ndarray]:
     """Row and column indices of the upper triangle (``j <= k``), row by row."""
     return np.triu_indices(d)
@@ -505,12 +517,7 @@ class NumpyAggregates:
         m = len(columns) * (len(columns) + 1) // 2
         if rows.shape[0] == 0:
             return np.zeros(m), 0
-        units = quantize_products(clip_deviations(rows, c, float(radius), sc), float(radius))
-        chunk = 2 ** (62 - QUANT_BITS)
-        total = [0] * m
-        for start in range(0, units.shape[0], chunk):
-            part = np.sum(units[start : start + chunk], axis=0, dtype=np.int64)
-            total = [t + int(p) for t, p in zip(total, part.tolist())]
+        total = exact_unit_sums(quantize_products(clip_deviations(rows, c, float(radius), sc), float(radius)))
         r2 = float(radius) * float(radius)
         return np.array([float(t) for t in total]) * (r2 / QUANT_SCALE), int(rows.shape[0])
 
@@ -527,12 +534,5 @@ class NumpyAggregates:
         rows = self._rows(columns, group)
         if rows.shape[0] == 0:
             return np.zeros(len(columns)), 0
-        units = quantize_deviations(clip_deviations(rows, c, float(radius), sc), float(radius))
-        # Exact integer sums: |unit| <= 2**QUANT_BITS, so int64 partial sums of at most
-        # 2**(62 - QUANT_BITS) rows cannot wrap; the partial sums are added as Python integers.
-        chunk = 2 ** (62 - QUANT_BITS)
-        total = [0] * units.shape[1]
-        for start in range(0, units.shape[0], chunk):
-            part = np.sum(units[start : start + chunk], axis=0, dtype=np.int64)
-            total = [t + int(p) for t, p in zip(total, part.tolist())]
+        total = exact_unit_sums(quantize_deviations(clip_deviations(rows, c, float(radius), sc), float(radius)))
         return np.array([float(t) for t in total]) * (float(radius) / QUANT_SCALE), int(rows.shape[0])

@@ -211,6 +211,23 @@ class SparkAggregates:
             diffs = [F.least(F.greatest(d / F.lit(float(sj)), -bound), bound) for d, sj in zip(diffs, sc)]
         return self._where(columns, group).select(*[d.alias(f"_d{j}") for j, d in enumerate(diffs)])
 
+    @classmethod
+    def _clipped(cls, df, d: int, radius: float):
+        """``df`` (columns ``_d{j}``) -> the clipped deviations ``_u{j}``, operation for operation
+        :func:`dplib.aggregates.clip_deviations` (staged projections: deviations, then the clip
+        factor, so that each generated expression stays small for large d)."""
+        from pyspark.sql import functions as F
+
+        rho = F.lit(float(radius))
+        dcols = [F.col(f"_d{j}") for j in range(d)]
+        if d == 1:
+            return df.select(F.least(F.greatest(dcols[0], -rho), rho).alias("_u0"))
+        df = cls._with_norm(df, d)
+        norm = F.col("_norm")
+        factor = F.when(norm > rho, rho / F.when(norm > 0, norm).otherwise(F.lit(1.0))).otherwise(F.lit(1.0))
+        df = df.select(*dcols, factor.alias("_factor"))
+        return df.select(*[(x * F.col("_factor")).alias(f"_u{j}") for j, x in enumerate(dcols)])
+
     @staticmethod
     def _with_norm(df, d: int):
         """``df`` (columns ``_d{j}``) plus their l2 norm ``_norm``, as
@@ -260,17 +277,7 @@ class SparkAggregates:
         sc = check_scales(scales, len(columns))
         check_outer_radius(radius)
         d = len(columns)
-        rho = F.lit(float(radius))
-        df = self._deviations(columns, c, sc, group)
-        dcols = [F.col(f"_d{j}") for j in range(d)]
-        if d == 1:
-            df = df.select(F.least(F.greatest(dcols[0], -rho), rho).alias("_u0"))
-        else:
-            df = self._with_norm(df, d)
-            norm = F.col("_norm")
-            factor = F.when(norm > rho, rho / F.when(norm > 0, norm).otherwise(F.lit(1.0))).otherwise(F.lit(1.0))
-            df = df.select(*dcols, factor.alias("_factor"))
-            df = df.select(*[(x * F.col("_factor")).alias(f"_u{j}") for j, x in enumerate(dcols)])
+        df = self._clipped(self._deviations(columns, c, sc, group), d, float(radius))
         r2 = F.lit(float(radius) * float(radius))
         pairs = [(j, k) for j in range(d) for k in range(j, d)]
         units = [F.bround((F.col(f"_u{j}") * F.col(f"_u{k}")) / r2 * F.lit(QUANT_SCALE), 0).cast("long")
@@ -296,19 +303,8 @@ class SparkAggregates:
         c = check_clip_args(columns, center, radius)
         sc = check_scales(scales, len(columns))
         rho = F.lit(float(radius))
-        # Staged projections (deviations, then the clip factor, then fixed-point units), so that
-        # each generated expression stays small for large d; the arithmetic is operation for
-        # operation that of dplib.aggregates.clip_deviations.
-        df = self._deviations(columns, c, sc, group)
-        dcols = [F.col(f"_d{j}") for j in range(len(columns))]
-        if len(columns) == 1:
-            devs = [F.least(F.greatest(dcols[0], -rho), rho)]
-        else:
-            df = self._with_norm(df, len(columns))
-            norm = F.col("_norm")
-            factor = F.when(norm > rho, rho / F.when(norm > 0, norm).otherwise(F.lit(1.0))).otherwise(F.lit(1.0))
-            df = df.select(*dcols, factor.alias("_factor"))
-            devs = [d * F.col("_factor") for d in dcols]
+        df = self._clipped(self._deviations(columns, c, sc, group), len(columns), float(radius))
+        devs = [F.col(f"_u{j}") for j in range(len(columns))]
         # Fixed point, as dplib.aggregates.quantize_deviations: bround = round half to even.
         units = [F.bround(d / rho * F.lit(QUANT_SCALE), 0).cast("long") for d in devs]
         # decimal(38,0): no int64 overflow (an ANSI overflow error would be a data-dependent crash)
