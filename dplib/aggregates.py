@@ -281,24 +281,32 @@ def quantize_products(u: np.ndarray, radius: float) -> np.ndarray:
     return np.rint((u[:, jj] * u[:, kk]) / r2 * QUANT_SCALE).astype(np.int64)
 
 
-#: Largest radius of :meth:`Aggregates.clipped_outer_sum`: radius^2 must stay finite.
+#: Radii of :meth:`Aggregates.clipped_outer_sum`: radius^2 must stay finite, and the clip factor
+#: ``radius / ||x||`` (``||x|| <= 1e300 sqrt(d)`` after the value clamp) must stay a normal float:
+#: below ~1e-7 it can fall into subnormals, whose coarse rounding lets ``||u||`` exceed the radius.
 MAX_OUTER_RADIUS = 1e150
+MIN_OUTER_RADIUS = 1e-6
 
 
 def check_outer_radius(radius: float) -> None:
-    """Refuse a radius whose square overflows (a public parameter; checked before any read)."""
-    if not (float(radius) <= MAX_OUTER_RADIUS):
-        raise InvalidParameterError(f"radius must be <= {MAX_OUTER_RADIUS:g} for the outer-product sum, got {radius!r}")
+    """Refuse a radius outside [MIN_OUTER_RADIUS, MAX_OUTER_RADIUS] (a public parameter; checked
+    before any read)."""
+    if not (MIN_OUTER_RADIUS <= float(radius) <= MAX_OUTER_RADIUS):
+        raise InvalidParameterError(
+            f"radius must be in [{MIN_OUTER_RADIUS:g}, {MAX_OUTER_RADIUS:g}] for the outer-product sum, got {radius!r}"
+        )
 
 
 def outer_sum_l2_sensitivity(radius: float, d: int) -> float:
-    """l2 sensitivity, add/remove, of the fixed-point sum of ``vech(u u^T)`` in data units squared:
-    ``||vech(u u^T)||_2 <= ||u u^T||_F = ||u||^2 <= radius^2`` (the clip factor is computed in
-    floating point, so ``||u||`` may exceed the radius by a few ulps: margin ``2^-40``), plus half a
-    unit of rounding per entry."""
+    """l2 sensitivity, add/remove, of the released sum of ``vech(u u^T)`` in data units squared:
+    ``||vech(u u^T)||_2 <= ||u u^T||_F = ||u||^2 <= radius^2``, plus half a unit of rounding per
+    entry, times a margin ``1 + 2^-20`` that covers (a) the clip factor computed in floating point
+    (``||u||`` exceeds the radius by a few ulps for radii in [MIN_OUTER_RADIUS, MAX_OUTER_RADIUS])
+    and (b) the conversion of the exact integer totals to floats before noise, which rounds by up
+    to ``2^-53 |total|`` <= ``n 2^-23`` units per total: within the margin for up to ``2^30`` persons."""
     r2 = float(radius) * float(radius)
     m = d * (d + 1) // 2
-    return r2 * (1.0 + 2.0**-40) + np.sqrt(m) * r2 / 2.0 ** (QUANT_BITS + 1)
+    return (r2 + np.sqrt(m) * r2 / 2.0 ** (QUANT_BITS + 1)) * (1.0 + 2.0**-20)
 
 
 def clipped_sum_l2_sensitivity(radius: float, d: int) -> float:

@@ -36,12 +36,12 @@ from typing import Sequence
 
 import numpy as np
 
-from dplib.aggregates import Aggregates, outer_sum_l2_sensitivity, upper_pairs
+from dplib.aggregates import MIN_OUTER_RADIUS, Aggregates, outer_sum_l2_sensitivity, upper_pairs
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.scale_free_multivariate import ScaleFreeMultivariatePlan, scale_free_multivariate_mean
-from dplib.mechanisms import NoiseSource, gaussian_mechanism
+from dplib.mechanisms import NoiseSource, gaussian_sigma
 from dplib.mechanisms.basic import clamp_exact
 
 ALGORITHM = "clipped-covariance/scale-free (CoinPress-style)"
@@ -52,8 +52,11 @@ STAGE_SECOND = "second moment"
 #: every run and the second moment enough budget; see benchmarks/covariance_clipped.py).
 MEAN_SHARE = 0.4
 #: Public clamps applied to stage 1's outputs before they parameterise stage 2 (post-processing):
-#: scales and radius in [TINY, HUGE] so that R^2 and R^2 s_j s_k stay finite.
+#: scales in [TINY, HUGE]; the radius (scaled units) in [MIN_OUTER_RADIUS, RADIUS_MAX], so that the
+#: clip factor R / ||x|| never falls into subnormal floats (||x|| <= 1e300 sqrt(d) after the clamp)
+#: and R^2 stays far from overflow. Stage 1's radii lie in [2^-6, 128 sqrt(d)] anyway.
 TINY, HUGE = 1e-120, 1e120
+RADIUS_MAX = 1e100
 STATUS_OK = "OK"
 STATUS_INSUFFICIENT = "INSUFFICIENT_DATA"
 
@@ -187,6 +190,10 @@ def clipped_covariance(
         raise InvalidParameterError(f"need {plan.d} distinct columns, got {cols!r}")
     accountant = accountant if accountant is not None else Accountant(plan.budget)
     charges = plan.charges(stage_prefix)
+    second = charges[-1]
+    # The Gaussian's sigma per unit of sensitivity, calibrated from the plan before anything is
+    # charged (a calibration failure cannot happen after the charge); sigma scales linearly.
+    sigma_unit = gaussian_sigma(1.0, second.budget.epsilon, second.budget.delta)
     accountant.check(charges)
     start = len(accountant.charges)
     params = plan.describe()
@@ -206,16 +213,16 @@ def clipped_covariance(
     # stage 1's DP outputs, clamped into public finite ranges (post-processing)
     mu = np.clip(np.nan_to_num(np.asarray(mean_rel.estimate, float), nan=0.0), -1e300, 1e300)
     scales = np.clip(np.nan_to_num(np.asarray(p1["scales_used"], float), nan=1.0, posinf=HUGE), TINY, HUGE)
-    radius = float(np.clip(np.nan_to_num(float(p1["final_radius"]), nan=1.0, posinf=HUGE), TINY, HUGE))
+    radius = float(np.clip(np.nan_to_num(float(p1["final_radius"]), nan=1.0, posinf=RADIUS_MAX),
+                           MIN_OUTER_RADIUS, RADIUS_MAX))
     n_noisy = float(p1["final_noisy_person_count"])
     denom = max(n_noisy, 1.0) if math.isfinite(n_noisy) else 1.0
 
-    second = charges[-1]
     accountant.charge(second.stage, second.budget, second.group)
     exact, _n = backend.clipped_outer_sum(cols, mu, radius, plan.group, scales)
     sens = outer_sum_l2_sensitivity(radius, d)
-    noisy, sigma = gaussian_mechanism(clamp_exact(np.asarray(exact, float)), sens, second.budget.epsilon,
-                                      second.budget.delta, noise)
+    sigma = sens * sigma_unit * (1.0 + 2.0**-40)  # the product rounds: toward more noise
+    noisy = noise.add_gaussian(clamp_exact(np.asarray(exact, float)), sigma)
     del exact, _n
     jj, kk = upper_pairs(d)
     m = np.zeros((d, d))

@@ -112,3 +112,35 @@ def test_bad_inputs_refused_before_any_charge():
     with pytest.raises(BudgetExceededError):
         clipped_covariance(be, cols, ClippedCovariancePlan(Budget(1.0, 1e-6), 4), SeededNoise(1), small)
     assert acc.charges == [] and small.charges == []
+
+
+def test_outer_radius_range_and_sensitivity_at_the_smallest_radius():
+    """Below 1e-6 the clip factor R/||x|| of a 1e300 person could fall into subnormal floats (a
+    review found ||u|| = 1.96 R at R = 1e-120): such radii are refused; at the smallest allowed
+    radius an extreme neighbour stays within the declared sensitivity."""
+    _, cols, be = _data(50, 5)
+    with pytest.raises(InvalidParameterError, match="radius must be in"):
+        be.clipped_outer_sum(cols, np.full(4, 5.0), 1e-7, ALL_PERSONS)
+    with pytest.raises(InvalidParameterError, match="radius must be in"):
+        be.clipped_outer_sum(cols, np.full(4, 5.0), 1e151, ALL_PERSONS)
+    base = np.zeros((1, 4))
+    a = NumpyAggregates({f"c{j}": base[:, j] for j in range(4)}, np.array([0]))
+    for extra in ([3.97e203, 0.0, 0.0, 0.0], [1e300, -1e300, 1e300, 1e-300]):
+        b = NumpyAggregates({f"c{j}": np.append(base[:, j], extra[j]) for j in range(4)}, np.array([0, 1]))
+        sa, _ = a.clipped_outer_sum([f"c{j}" for j in range(4)], np.zeros(4), 1e-6, ALL_PERSONS)
+        sb, _ = b.clipped_outer_sum([f"c{j}" for j in range(4)], np.zeros(4), 1e-6, ALL_PERSONS)
+        assert np.linalg.norm(sb - sa) <= outer_sum_l2_sensitivity(1e-6, 4)
+
+
+def test_gaussian_calibration_happens_before_any_charge(monkeypatch):
+    import dplib.covariance.clipped as mod
+
+    def broken(*args, **kwargs):
+        raise InvalidParameterError("could not calibrate the Gaussian mechanism")
+
+    monkeypatch.setattr(mod, "gaussian_sigma", broken)
+    _, cols, be = _data(100, 6)
+    acc = Accountant(Budget(1.0, 1e-6))
+    with pytest.raises(InvalidParameterError, match="calibrate"):
+        clipped_covariance(be, cols, ClippedCovariancePlan(Budget(1.0, 1e-6), 4), SeededNoise(1), acc)
+    assert acc.charges == []
