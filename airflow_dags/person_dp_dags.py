@@ -157,7 +157,7 @@ def build_dag(spec_path: Path):
                 raise FileNotFoundError(f"spark.py_files: {py_files} not found; build it with `make dist`")
             jars = spec.spark.jars or ""
             if jars == LOCAL_MAVEN:
-                from spark_jobs.session import delta_jars
+                from spark_jobs.spark.session import delta_jars
 
                 jars = ",".join(delta_jars())
                 if not jars:
@@ -184,7 +184,7 @@ def build_dag(spec_path: Path):
             """The release of this run id is in the releases table and the ledger says released."""
             import math
 
-            from spark_jobs.io import absolute
+            from spark_jobs.spark.io import absolute
             from spark_jobs.job import stored_release
             from spark_jobs.ledger import Ledger
 
@@ -209,7 +209,7 @@ def build_dag(spec_path: Path):
 
         @task
         def write_report(run_key: str) -> str:
-            from spark_jobs.io import absolute
+            from spark_jobs.spark.io import absolute
             from spark_jobs.query import write_report as report
 
             cfg = _cfg()

@@ -1,4 +1,4 @@
-"""Wall time of the per-person batch plans (``spark_jobs.batches.person_batches``) on synthetic
+"""Wall time of the per-person batch plans (``spark_jobs.spark.batches.person_batches``) on synthetic
 records, against a plain ``groupBy(person, category).count()`` measured in the same run.
 
     .venv/bin/python benchmarks/batch_sampling.py --records 1000000 --persons 100000 --m 5 --repeats 4
@@ -45,8 +45,8 @@ def main() -> None:
 
     from pyspark.sql import functions as F
 
-    from spark_jobs.batches import person_batches
-    from spark_jobs.session import build_session
+    from spark_jobs.spark.batches import person_batches
+    from spark_jobs.spark.session import build_session
 
     spark = build_session(
         args.master, "batch-bench", {"spark.sql.shuffle.partitions": "8", "spark.driver.memory": args.driver_memory}

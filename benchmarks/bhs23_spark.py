@@ -6,7 +6,7 @@
     python benchmarks/bhs23_spark.py bench --persons 1000000 --d 10 --repeats 3
 
 ``bench`` times (a) one plain Spark aggregation of the Gram matrix (built-in ``sum`` of the
-d(d+1)/2 products) and (b) Algorithm 1 through ``spark_jobs.covariance`` (keyed sort, pair rows,
+d(d+1)/2 products) and (b) Algorithm 1 through ``spark_jobs.spark.vectors`` (keyed sort, pair rows,
 Gram pass, score passes, core pass) on the same cached person vectors, and prints the ratio and
 the number of data passes (a benchmark-only figure: it depends on the data and is never released).
 Seeded noise: NOT for release.
@@ -44,8 +44,8 @@ def bench(persons: int, d: int, repeats: int) -> None:
     from dplib.covariance.private import private_mean
     from dplib.groups import new_salt
     from dplib.mechanisms import SeededNoise
-    from spark_jobs.covariance import SparkPersonVectors
-    from spark_jobs.session import build_session
+    from spark_jobs.spark.vectors import SparkPersonVectors
+    from spark_jobs.spark.session import build_session
 
     spark = build_session("local[2]", "bhs23-bench", {"spark.sql.shuffle.partitions": "8"})
     cols = [f"c{j}" for j in range(d)]

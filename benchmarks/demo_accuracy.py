@@ -37,7 +37,7 @@ def main() -> None:
     from dplib.mechanisms import SeededNoise
     from spark_jobs.config import load_config
     from spark_jobs.job import run_job
-    from spark_jobs.session import build_session
+    from spark_jobs.spark.session import build_session
 
     out = tempfile.mkdtemp(prefix="demo-accuracy-")
     cfg = load_config(args.config, args.set + [f"output.path={out}"])

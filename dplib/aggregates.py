@@ -8,7 +8,7 @@ inside the estimator and only leave it through a mechanism.
 Two backends answer the same calls and pass one contract test suite:
 
 - :class:`NumpyAggregates` (here): from arrays; tests, small data, notebooks.
-- ``spark_jobs.backend.SparkAggregates``: one Spark aggregation per call, O(d + bins) numbers
+- ``spark_jobs.spark.aggregates.SparkAggregates``: one Spark aggregation per call, O(d + bins) numbers
   back to the driver.
 
 Conventions shared by both backends (they are part of the contract):

@@ -9,7 +9,7 @@ ranges valid under add/remove neighbouring (DESIGN.md). Ranks, ``ntile`` or equa
 would not be.
 
 Spark computes the same function natively (``sha2(concat(salt, id), 256)``), see
-``spark_jobs.summarize``; :func:`group_index` is the numpy/hashlib reference.
+``spark_jobs.spark.summarize``; :func:`group_index` is the numpy/hashlib reference.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def group_index(person_ids: Iterable[object], salt_hex: str) -> np.ndarray:
     """Group indices of person ids, shape ``(n,)``, dtype int64, values in ``[0, 2**32)``.
 
     The reference implementation of the keyed hash that Spark computes in
-    ``spark_jobs.summarize``: ``int(sha256((salt_hex + str(id)).encode()).hexdigest()[:8], 16)``.
+    ``spark_jobs.spark.summarize``: ``int(sha256((salt_hex + str(id)).encode()).hexdigest()[:8], 16)``.
     """
     if not is_salt(salt_hex):
         raise InvalidParameterError("salt_hex must be 64 lowercase hex characters")

@@ -1,7 +1,7 @@
 """The person summary's sum: exact, order-independent and partially aggregable (numpy twin).
 
 A person's mean of a value column is defined as follows (the Spark summarize pass,
-:func:`spark_jobs.summarize.summarize`, computes the same bits with native aggregates):
+:func:`spark_jobs.spark.summarize.summarize`, computes the same bits with native aggregates):
 
 1. each usable value ``v`` (finite) is clamped to ``[-CLAMP, CLAMP]`` (``CLAMP`` = the largest
    double below ``2**98``, ~3.17e29) and mapped to the integer

@@ -50,7 +50,7 @@ def _paths(args) -> None:
     cfg = None
     if getattr(args, "config", None):
         from spark_jobs.config import load_config
-        from spark_jobs.io import absolute
+        from spark_jobs.spark.io import absolute
 
         cfg = load_config(args.config, getattr(args, "set", []) or [])
         out = absolute(cfg.output.path).rstrip("/")
@@ -217,7 +217,7 @@ def cmd_validate(args) -> int:
 def cmd_spark_jars(args) -> int:
     """``person-dp spark-jars``: the Delta jars of the local Maven repository (``make jars``), comma
     separated, for ``spark-submit --jars``."""
-    from spark_jobs.session import delta_jars
+    from spark_jobs.spark.session import delta_jars
 
     jars = delta_jars()
     if not jars:

@@ -500,7 +500,7 @@ class SummaryConfig(_Frozen):
     """Per-person reduction: persons with fewer than ``m_min`` usable records of a column are
     dropped from that column's statistics. ``max_records_per_person`` (optional record cap R):
     a person with more than R records keeps R of them, drawn uniformly without replacement by a
-    salted keyed hash of the record (:func:`spark_jobs.summarize.summarize`); their means are over
+    salted keyed hash of the record (:func:`spark_jobs.spark.summarize.summarize`); their means are over
     the kept records. Off by default; applies to the mean kinds (``mean``,
     ``multivariate_mean``, ``mean_affine``, ``covariance``, ``gaussian``), not to ``distribution``
     (which draws its own ``m`` records per person)."""

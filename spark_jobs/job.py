@@ -54,14 +54,14 @@ from dplib.covariance.params import ALGORITHM_VERSION as BHS_VERSION
 from dplib.mechanisms import NoiseSource, production_noise
 from spark_jobs import __version__
 from spark_jobs.config import JobConfig, StatisticConfig
-from spark_jobs.release import ReleaseRow, to_json, write_releases
+from spark_jobs.release import ReleaseRow, to_json
 
 log = logging.getLogger("person_dp.job")
 
 
 def sio_absolute(path: str) -> str:
-    """Local paths made absolute (see :func:`spark_jobs.io.absolute`)."""
-    from spark_jobs.io import absolute
+    """Local paths made absolute (see :func:`spark_jobs.spark.io.absolute`)."""
+    from spark_jobs.spark.io import absolute
 
     return absolute(path)
 
@@ -429,8 +429,8 @@ def _distribution_row(
 ) -> ReleaseRow:
     """Batches of one categorical column (one Spark plan, cached), the private estimator, one row.
     ``prepared``: ``plan.prepare(noise)``, built before the run's reservation."""
-    from spark_jobs.batches import person_batches
-    from spark_jobs.fixed_n import SparkFixedNBatches
+    from spark_jobs.spark.batches import person_batches
+    from spark_jobs.spark.fixed_n import SparkFixedNBatches
 
     opts = stat.options
     batches = person_batches(
@@ -465,7 +465,7 @@ def _distribution_row(
 def _share_row(cfg, stat, plan: SharePlan, records, salt, noise, accountant, run_id, lineage, created, run_key=None) -> ReleaseRow:
     """Per-person category shares of one column (one Spark plan, cached), the share-sum
     estimator, one row."""
-    from spark_jobs.batches import SparkShareSums, person_shares
+    from spark_jobs.spark.batches import SparkShareSums, person_shares
 
     shares = person_shares(
         records, cfg.privacy_unit.column, stat.columns[0], plan.categories, salt, null_values=cfg.privacy_unit.null_values
@@ -491,7 +491,7 @@ def _share_row(cfg, stat, plan: SharePlan, records, salt, noise, accountant, run
 def _bhs_row(cfg, stat, plan: PersonBHSPlan, summary, salt, noise, accountant, run_id, lineage, created, run_key=None):
     """Person vectors (read from the job's cached summary: no second pass over the records), n0,
     the BHS23 algorithm on Spark, one release row."""
-    from spark_jobs.covariance import SparkPersonVectors, vectors_from_summary
+    from spark_jobs.spark.vectors import SparkPersonVectors, vectors_from_summary
 
     columns = list(stat.columns)
     persons = vectors_from_summary(summary, columns)
@@ -572,7 +572,7 @@ def run_job(
     ----------
     cfg : JobConfig
     spark : SparkSession, optional
-        Default: :func:`spark_jobs.session.build_session` from ``cfg.spark``.
+        Default: :func:`spark_jobs.spark.session.build_session` from ``cfg.spark``.
     noise : NoiseSource, optional
         Default: the secure OpenDP source. Tests may pass ``SeededNoise``; such rows are marked
         ``noise_source = "seeded-numpy (NOT for release)"``.
@@ -600,10 +600,10 @@ def run_job(
     compose sequentially by their shares; stages of one statistic compose in parallel across
     disjoint hash ranges (or sequentially, ``budget_mode: sequential``).
     """
-    from spark_jobs import io as sio
-    from spark_jobs.backend import SparkAggregates
-    from spark_jobs.session import build_session
-    from spark_jobs.summarize import summarize
+    from spark_jobs.spark import io as sio
+    from spark_jobs.spark.aggregates import SparkAggregates
+    from spark_jobs.spark.session import build_session
+    from spark_jobs.spark.summarize import summarize
 
     from spark_jobs.ledger import Ledger
 
@@ -742,6 +742,8 @@ def run_job(
                 )
             )
         _crash_point("before_release_commit")
+        from spark_jobs.spark.releases import write_releases
+
         table = write_releases(spark, rows, output_path)
         _crash_point("after_release_commit")
     finally:

@@ -3,7 +3,7 @@ tasks) and ``person-dp validate`` / ``person-dp budget check``.
 
 - :func:`check_input_schema`: the input's schema, read from the file footers (pyarrow) or the
   Delta log (delta-rs), converted to Spark types and checked by the job's own rules
-  (:func:`spark_jobs.io.validate_schema`), plus "holds at least one row".
+  (:func:`spark_jobs.spark.io.validate_schema`), plus "holds at least one row".
 - :func:`ledger_room`: does the population have room for this run's composed cost? Read-only and
   advisory: the job's atomic reservation is what guarantees the ledger cannot overspend; this
   only fails early, before a cluster job is submitted.
@@ -37,7 +37,7 @@ def check_input_schema(cfg: JobConfig) -> str:
         Missing path, unreadable input, missing column or unusable type (naming the column), or
         an input without a single row.
     """
-    from spark_jobs import io as sio
+    from spark_jobs.spark import io as sio
 
     path, fmt = sio.absolute(cfg.input.path), cfg.input.format
     if not _local(path):
@@ -124,7 +124,7 @@ def ledger_room(cfg: JobConfig, run_key: str | None = None) -> RoomCheck:
     ConfigError
         If the config or its privacy plan is invalid.
     """
-    from spark_jobs.io import absolute
+    from spark_jobs.spark.io import absolute
     from spark_jobs.job import stored_release
     from spark_jobs.ledger import Ledger
 

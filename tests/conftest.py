@@ -18,7 +18,7 @@ SPARK_MASTER = os.environ.get("PERSON_DP_TEST_MASTER", "local-cluster[2,1,1024]"
 
 @pytest.fixture(scope="session")
 def spark():
-    from spark_jobs.session import build_session
+    from spark_jobs.spark.session import build_session
 
     session = build_session(
         SPARK_MASTER,

@@ -35,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from benchmarks.scale.ops import run_release_job
-    from spark_jobs.session import build_session
+    from spark_jobs.spark.session import build_session
 
     spark = build_session(args.master, "scale-memprobe", {
         "spark.driver.memory": args.driver_memory, "spark.sql.shuffle.partitions": "8",

@@ -37,14 +37,14 @@ def plain_person_category(df):
 
 def summarize_pass(df, d: int, cap: int | None = None):
     """The product's summarize pass over ``d`` value columns (record cap ``cap``: None = off)."""
-    from spark_jobs.summarize import summarize
+    from spark_jobs.spark.summarize import summarize
 
     return summarize(df, "person", VALUE_COLUMNS[:d], SALT, max_records_per_person=cap)
 
 
 def batches_pass(df, m: int):
     """The product's m-draws-per-person batches of ``cat`` (whatever plan the job uses)."""
-    from spark_jobs.batches import person_batches
+    from spark_jobs.spark.batches import person_batches
 
     return person_batches(df, "person", "cat", CATEGORIES, m, SALT)
 

@@ -26,7 +26,7 @@ DEFAULT_DATA = "build/scale-data/r10000000_p100000_uniform_v1"
 def _summarize_steps(df, d):
     from pyspark.sql import functions as F
 
-    from spark_jobs import summarize as S
+    from spark_jobs.spark import summarize as S
 
     cols = ops.VALUE_COLUMNS[:d]
     names = [f"_u{i}" for i in range(d)]
@@ -50,7 +50,7 @@ def _summarize_steps(df, d):
 def _batches_steps(df, m):
     from pyspark.sql import functions as F
 
-    from spark_jobs import batches as B
+    from spark_jobs.spark import batches as B
 
     def counted():
         return B._category_counts(df, "person", "cat", ops.CATEGORIES, ops.SALT, ("NA", ""))
@@ -71,8 +71,8 @@ def _capped_steps(df, cap):
     from pyspark.sql import functions as F
 
     from dplib.groups import derive_salt
-    from spark_jobs import summarize as S
-    from spark_jobs.batches import _with_record_key, number_copies
+    from spark_jobs.spark import summarize as S
+    from spark_jobs.spark.batches import _with_record_key, number_copies
 
     salt = derive_salt(ops.SALT, S.CAP_SALT_TAG)
 
@@ -120,7 +120,7 @@ def main(argv=None) -> None:
     ap.add_argument("--cap", type=int, default=10)
     args = ap.parse_args(argv)
 
-    from spark_jobs.session import build_session
+    from spark_jobs.spark.session import build_session
 
     spark = build_session("local[2]", "scale-profile", {"spark.driver.memory": "8g", "spark.sql.shuffle.partitions": "8"})
     spark.sparkContext.setLogLevel("ERROR")

@@ -132,7 +132,7 @@ def main(argv=None) -> None:
     ap.add_argument("--json", default=None, help="append result rows as JSON lines to this file")
     args = ap.parse_args(argv)
 
-    from spark_jobs.session import build_session
+    from spark_jobs.spark.session import build_session
 
     root = os.path.abspath(args.data_dir)
     os.makedirs(root, exist_ok=True)

@@ -6,7 +6,7 @@ DESIGN.md's neighbours add or remove a person and the person count is private. T
 :mod:`dplib.fixed_n`):
 
 1. **Person vectors.** One row per person: the person's mean of the d columns
-   (``spark_jobs.covariance.person_vectors``; a function of that person's records only).
+   (``spark_jobs.spark.vectors.person_vectors``; a function of that person's records only).
 2. **n0.** The person count is released with the Laplace mechanism at
    ``epsilon_count = COUNT_EPSILON_SHARE * epsilon`` and turned into a lower confidence bound
    ``n0`` (:func:`dplib.fixed_n.release_lower_bound`; ``P[n0 > n] <= beta``).
@@ -111,7 +111,7 @@ def select_rows(ids: Sequence[object], x: np.ndarray, salt_hex: str, n0: int, du
 
 class NumpyPersonVectors:
     """Person vectors in memory (ids and an ``(n, d)`` array): the numpy twin of
-    ``spark_jobs.covariance.SparkPersonVectors``."""
+    ``spark_jobs.spark.vectors.SparkPersonVectors``."""
 
     def __init__(self, ids: Sequence[object], x: object, salt_hex: str) -> None:
         self._x = check_rows(x)
@@ -272,7 +272,7 @@ def private_person_statistic(
 
     Parameters
     ----------
-    source : NumpyPersonVectors or spark_jobs.covariance.SparkPersonVectors
+    source : NumpyPersonVectors or spark_jobs.spark.vectors.SparkPersonVectors
         ``count()`` (exact, never logged) and ``backend(n0, dummy, count)``.
     plan : PersonBHSPlan
     noise : NoiseSource

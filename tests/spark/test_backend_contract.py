@@ -9,7 +9,7 @@ import pytest
 
 from dplib.aggregates import NumpyAggregates
 from dplib.groups import ALL_PERSONS, GroupRange, group_index
-from spark_jobs.backend import SparkAggregates
+from spark_jobs.spark.aggregates import SparkAggregates
 
 pytestmark = pytest.mark.spark
 

@@ -1,4 +1,4 @@
-"""Spark backend of BHS23 (spark_jobs.covariance) against the numpy backend: IDENTICAL results.
+"""Spark backend of BHS23 (spark_jobs.spark.vectors) against the numpy backend: IDENTICAL results.
 
 Same person vectors, same salt: the Spark path (keyed sort, n0 selection and padding, pair rows,
 mapInArrow scans merged with treeReduce) and :class:`dplib.covariance.NumpyCovarianceBackend`
@@ -20,7 +20,7 @@ from dplib.covariance.person import NumpyPersonVectors, select_rows
 from dplib.covariance.private import private_covariance, private_mean
 from dplib.covariance.stable import stable_covariance, stable_mean
 from dplib.mechanisms import SeededNoise
-from spark_jobs.covariance import SparkPersonVectors
+from spark_jobs.spark.vectors import SparkPersonVectors
 
 pytestmark = pytest.mark.spark
 

@@ -196,8 +196,8 @@ def test_bhs_reads_the_jobs_one_summary(spark, records, tmp_path, monkeypatch):
     records once; the covariance's person vectors come from that shared summary and equal, bit for
     bit, the numpy library on the persons' (u, v) means alone, even though the third column has
     non-finite values in some records (dropped per column, so (u, v) means are unaffected)."""
-    from spark_jobs import summarize as summarize_mod
-    from spark_jobs.covariance import vectors_from_summary
+    from spark_jobs.spark import summarize as summarize_mod
+    from spark_jobs.spark.vectors import vectors_from_summary
     from dplib.errors import InvalidParameterError
 
     _, pdf = records
@@ -236,8 +236,8 @@ def test_capped_vectors_from_a_wider_summary_equal_a_summary_of_their_own(spark,
     read from a summary over more columns (as the job now computes it) equal, bit for bit, those of
     a summary over the statistic's columns alone (the former path): the draw of kept records
     depends on the label columns (all value columns in both), not on which columns are summed."""
-    from spark_jobs.covariance import person_vectors, vectors_from_summary
-    from spark_jobs.summarize import summarize
+    from spark_jobs.spark.vectors import person_vectors, vectors_from_summary
+    from spark_jobs.spark.summarize import summarize
 
     _, pdf = records
     pdf = pdf.assign(w=np.where(np.arange(len(pdf)) % 3 == 0, np.nan, np.arange(len(pdf)) % 11 * 0.5))

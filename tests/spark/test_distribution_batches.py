@@ -12,7 +12,7 @@ import pytest
 
 from dplib.distribution.batches import NumpyBatches, moments_from_histogram
 from dplib.groups import ALL_PERSONS, GroupRange
-from spark_jobs.batches import SparkBatchAggregates, person_batches
+from spark_jobs.spark.batches import SparkBatchAggregates, person_batches
 
 pytestmark = pytest.mark.spark
 
@@ -165,7 +165,7 @@ def test_bottomk_with_many_identical_records(spark):
 def test_bottomk_falls_back_to_window_above_the_min_by_limit(spark, frame, monkeypatch):
     """m above Spark's limit on min_by's k runs the window plan (same rows): the limit is
     lowered to 2 here so that m = 3 takes the fallback path."""
-    import spark_jobs.batches as sb
+    import spark_jobs.spark.batches as sb
 
     rows, df = frame
     monkeypatch.setattr(sb, "BOTTOM_K_LIMIT", 2)
@@ -197,7 +197,7 @@ def test_bottomk_plan_shuffles_the_records_once(spark, frame):
 def test_copies_are_numbered_in_blocks(spark, monkeypatch):
     """number_copies: each row repeated _cnt times with _j = 0.._cnt-1, across block edges
     (blocks of 3 here), and the batches with small blocks equal the numpy twin's."""
-    import spark_jobs.batches as sb
+    import spark_jobs.spark.batches as sb
 
     monkeypatch.setattr(sb, "COPY_BLOCK", 3)
     counted = spark.createDataFrame([(f"r{c}", c) for c in range(1, 11)], "name string, _cnt long")
@@ -213,7 +213,7 @@ def test_person_shares_equal_the_numpy_twin(spark, frame):
     """Issue 19's share-sum estimator: Spark's per-person fixed-point shares and their exact sums
     equal the numpy twin's on persons with 1..12 records, nulls and unknown categories."""
     from dplib.distribution.shares import NumpyShares, share_units
-    from spark_jobs.batches import SparkShareSums, person_shares
+    from spark_jobs.spark.batches import SparkShareSums, person_shares
 
     rows, df = frame
     twin = NumpyShares([r["pid"] for r in rows], [r["dest"] for r in rows], CATS, SALT)

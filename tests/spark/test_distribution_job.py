@@ -107,7 +107,7 @@ def test_distribution_release_against_pandas_oracle(spark, flights_sample, tmp_p
 
 def test_spark_and_numpy_releases_agree(spark, flights_sample):
     """Same salt, same seed, same plan: the Spark batches equal the twin's, so releases equal."""
-    from spark_jobs.batches import SparkBatchAggregates, person_batches
+    from spark_jobs.spark.batches import SparkBatchAggregates, person_batches
 
     path, pdf = flights_sample
     cfg = make_config(path, "/tmp/unused", "P1", record_label_columns=LABEL_COLS)

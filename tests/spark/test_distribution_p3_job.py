@@ -177,8 +177,8 @@ def test_p3_mechanism_is_built_before_the_reservation(spark, tmp_path, monkeypat
 
 
 def test_ranked_histogram_spark_equals_numpy(spark, flights_sample):
-    from spark_jobs.batches import person_batches
-    from spark_jobs.fixed_n import SparkFixedNBatches
+    from spark_jobs.spark.batches import person_batches
+    from spark_jobs.spark.fixed_n import SparkFixedNBatches
 
     path, pdf = flights_sample
     salt = "d4" * 32

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dplib.mean.api import NULL_IDS, person_means
-from spark_jobs.io import read_records
-from spark_jobs.summarize import summarize
+from spark_jobs.spark.io import read_records
+from spark_jobs.spark.summarize import summarize
 
 pytestmark = pytest.mark.spark
 
@@ -63,7 +63,7 @@ VARIANTS = ["Alice", " alice ", "ALICE", "alice\u00a0", "e\u0301mile", "\u00e9mi
 def test_optional_id_normalisation_makes_variants_one_person(spark):
     """privacy_unit.normalize: NFC, case folded, whitespace stripped, the same in the library;
     missing ids are decided on the raw id first (NA is not a person 'na')."""
-    from spark_jobs.io import normalize_ids
+    from spark_jobs.spark.io import normalize_ids
 
     values = np.arange(len(VARIANTS), dtype=float)
     ids_np, means_np = person_means(values, VARIANTS, null_values=NULL_IDS, normalize=True)

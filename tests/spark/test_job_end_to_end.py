@@ -113,7 +113,7 @@ def test_releases_table_written_before_the_flag_column_gains_it(spark, flights_s
 
     from pyspark.sql import types as T
 
-    from spark_jobs.release import release_schema
+    from spark_jobs.spark.releases import release_schema
 
     path, _ = flights_sample
     cfg = make_config(path, tmp_path, options={"scale": 30})

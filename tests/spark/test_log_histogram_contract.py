@@ -14,7 +14,7 @@ import pytest
 from dplib.aggregates import NumpyAggregates
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.ranges import QUARTER_OCTAVE
-from spark_jobs.backend import SparkAggregates
+from spark_jobs.spark.aggregates import SparkAggregates
 
 pytestmark = pytest.mark.spark
 

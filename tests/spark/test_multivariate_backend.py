@@ -5,7 +5,7 @@ person mean end to end on the shared local-cluster session.
    exactly for d = 1, 3, 10 on persons that include +-1e300, zeros, nulls and values exactly on
    bin edges (the person summary DataFrame is built as in ``test_backend_contract.py``).
 2. 10**6 records generated inside Spark (``spark.range``), summarised to persons by
-   ``spark_jobs.summarize.summarize``; ``multivariate_person_mean`` through ``SparkAggregates``:
+   ``spark_jobs.spark.summarize.summarize``; ``multivariate_person_mean`` through ``SparkAggregates``:
    every call brings back 1 row (count, clipped sum) or exactly its non-empty bins (histograms),
    O(d + bins) and far below the number of persons; the numpy backend on the same persons and
    group indices with the same SeededNoise seed releases the identical estimate.
@@ -21,7 +21,7 @@ from dplib.budget import Accountant, Budget
 from dplib.groups import ALL_PERSONS, GroupRange, group_index
 from dplib.mean.multivariate import STATUS_OK, MultivariateMeanPlan, multivariate_person_mean
 from dplib.mechanisms import SeededNoise
-from spark_jobs.backend import SparkAggregates
+from spark_jobs.spark.aggregates import SparkAggregates
 
 pytestmark = pytest.mark.spark
 
@@ -161,7 +161,7 @@ class PerCallRows:
 def big_summary(spark):
     from pyspark.sql import functions as F
 
-    from spark_jobs.summarize import summarize
+    from spark_jobs.spark.summarize import summarize
 
     n_persons = N_RECORDS // RECORDS_PER_PERSON
     rec = spark.range(0, N_RECORDS, numPartitions=8).select(

@@ -74,8 +74,8 @@ def test_vector_release_lands_with_its_plan(spark, flights_full, tmp_path):
 
 def test_spark_and_numpy_runs_agree(spark, flights_sample, tmp_path):
     """Same salt, same seed, same plan: exact aggregates make the two releases identical."""
-    from spark_jobs.backend import SparkAggregates
-    from spark_jobs.summarize import summarize
+    from spark_jobs.spark.aggregates import SparkAggregates
+    from spark_jobs.spark.summarize import summarize
 
     path, _ = flights_sample
     cfg = make_config(path, tmp_path, options={"scales": [30.0, 30.0, 60.0], "expected_persons": 400})

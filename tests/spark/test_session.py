@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from spark_jobs.session import DEFAULT_CONF, JIT_OPTION, _defaults_keys, revealing_settings, with_jit_option
+from spark_jobs.spark.session import DEFAULT_CONF, JIT_OPTION, _defaults_keys, revealing_settings, with_jit_option
 
 
 class _Preset:

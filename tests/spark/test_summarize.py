@@ -11,7 +11,7 @@ import pytest
 
 from dplib.groups import group_index
 from dplib.summary import CLAMP, person_mean
-from spark_jobs.summarize import summarize
+from spark_jobs.spark.summarize import summarize
 
 pytestmark = pytest.mark.spark
 SALT = "0f" * 32
@@ -105,7 +105,7 @@ def test_person_mean_independent_of_partitioning(spark):
 def test_csv_ids_are_strings_and_bad_tokens_dropped(spark, tmp_path):
     """CSV is read without schema inference: "007" and "7" are two persons, and a non-numeric
     value token is dropped like NaN (it cannot make the job fail)."""
-    from spark_jobs.io import read_records, validate_schema
+    from spark_jobs.spark.io import read_records, validate_schema
 
     p = tmp_path / "r.csv"
     p.write_text("uid,x\n007,1.0\n7,3.0\n7,oops\nNA,9.0\n")
@@ -269,7 +269,7 @@ def test_capping_draws_uniformly_without_replacement(spark):
 def test_capping_bad_parameter_and_plan(spark):
     from dplib.errors import ConfigError, InvalidParameterError
     from spark_jobs.config import SummaryConfig, parse_config
-    from spark_jobs.summarize import MAX_RECORDS_LIMIT
+    from spark_jobs.spark.summarize import MAX_RECORDS_LIMIT
 
     df = spark.createDataFrame([("a", 1.0)], "uid string, x double")
     for bad in (0, -3, 2.5, True, 10**6):
@@ -294,7 +294,7 @@ def test_capping_bad_parameter_and_plan(spark):
 def test_capping_in_bhs_person_vectors_keeps_the_summary_records(spark):
     """The BHS23 person vectors with a cap are the capped summary's means (same label columns,
     same kept records), bit for bit."""
-    from spark_jobs.covariance import person_vectors
+    from spark_jobs.spark.vectors import person_vectors
 
     rng = np.random.default_rng(9)
     rows = [(f"p{i % 30}", float(rng.normal()), float(rng.normal()), float(rng.normal())) for i in range(600)]

@@ -29,7 +29,7 @@ import json, sys
 from pyspark.sql import SparkSession
 spark = SparkSession.builder.getOrCreate()
 def where(_):
-    import dplib, spark_jobs, spark_jobs.summarize
+    import dplib, spark_jobs, spark_jobs.spark.summarize
     return (spark_jobs.__file__, dplib.__file__)
 print("PROBE " + json.dumps(sorted(set(spark.sparkContext.parallelize(range(4), 4).map(where).collect()))))
 print("MASTER " + spark.sparkContext.master)

@@ -8,7 +8,7 @@ is added here; exact answers go only to the estimators, which noise them on the 
 
 from __future__ import annotations
 
-from spark_jobs.sqlnames import qcol
+from spark_jobs.spark.sqlnames import qcol
 
 from typing import Sequence
 
@@ -29,7 +29,7 @@ from dplib.groups import GroupRange
 
 
 class SparkAggregates:
-    """Aggregates over a person-summary DataFrame (see :func:`spark_jobs.summarize.summarize`).
+    """Aggregates over a person-summary DataFrame (see :func:`spark_jobs.spark.summarize.summarize`).
 
     Parameters
     ----------

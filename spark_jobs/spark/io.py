@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from dplib.errors import InputDataError
+from spark_jobs.paths import absolute, is_local  # noqa: F401  (re-exported: the readers' path rules)
 
 log = logging.getLogger("person_dp.io")
 
@@ -27,14 +28,6 @@ class Lineage:
     format: str
     delta_version: int | None
     fingerprint: str | None
-
-
-def absolute(path: str) -> str:
-    """Local paths made absolute (relative to the working directory); URIs with a scheme
-    (s3a://, abfss://, hdfs://, file:/...) are returned as given."""
-    if urlparse(path).scheme and not os.path.splitdrive(path)[0]:
-        return path
-    return os.path.abspath(path)
 
 
 def read_records(spark, path: str, fmt: str, csv_options: dict[str, str] | None = None):
@@ -193,9 +186,6 @@ def check_parquet_files(files, unit_column: str, value_columns: list[str], categ
                 )
 
 
-def is_local(uri: str) -> bool:
-    """True for a local path or ``file:`` URI."""
-    return urlparse(uri).scheme in ("", "file")
 
 
 def check_remote_parquet_types(spark, path: str) -> None:
@@ -256,7 +246,7 @@ def normalize_ids(records, unit_column: str, null_values=()):
     from pyspark.sql import functions as F
 
     from dplib.mean.api import normalize_id
-    from spark_jobs.sqlnames import qcol
+    from spark_jobs.spark.sqlnames import qcol
 
     missing = frozenset(null_values)
 

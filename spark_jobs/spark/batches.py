@@ -1,7 +1,7 @@
 """Per-person batches of a categorical column on Spark, and the batch aggregates backend.
 
 :func:`person_batches` turns records into one row per person with at least ``m`` records:
-``_group`` (the person's group index, as :func:`spark_jobs.summarize.summarize`) and ``counts``
+``_group`` (the person's group index, as :func:`spark_jobs.spark.summarize.summarize`) and ``counts``
 (``array<int>`` of length ``k``, summing to ``m``): the categories of ``m`` records drawn
 uniformly without replacement by the keyed-hash order of :mod:`dplib.distribution.batches`
 (whose module docstring states the rule and why it is uniform and ignores the category). The
@@ -38,7 +38,7 @@ as the numpy twin. ``benchmarks/batch_sampling.py`` measures the plans against a
 
 from __future__ import annotations
 
-from spark_jobs.sqlnames import qcol
+from spark_jobs.spark.sqlnames import qcol
 
 from typing import Sequence
 
@@ -55,7 +55,7 @@ from dplib.distribution.batches import (
 )
 from dplib.errors import InvalidParameterError
 from dplib.groups import GroupRange, is_salt
-from spark_jobs.summarize import _valid_id
+from spark_jobs.spark.summarize import _valid_id
 
 PLANS = ("bottomk", "collect", "window")
 #: Largest ``m`` of the ``"bottomk"`` plan (Spark's limit on ``min_by``'s ``k``); above it the
@@ -156,7 +156,7 @@ def _keyed_records(df, unit_column, category_column, categories, salt_hex, label
 
 
 def _with_group(per_person, salt_hex):
-    """Add ``_group`` (as :func:`spark_jobs.summarize.summarize`) once per person row."""
+    """Add ``_group`` (as :func:`spark_jobs.spark.summarize.summarize`) once per person row."""
     from pyspark.sql import functions as F
 
     salt_df = per_person.sparkSession.createDataFrame([(salt_hex,)], "_salt string")

@@ -45,7 +45,7 @@ Record rules (documented in README.md):
 
 from __future__ import annotations
 
-from spark_jobs.sqlnames import qcol
+from spark_jobs.spark.sqlnames import qcol
 
 import math
 
@@ -79,7 +79,7 @@ def summarize(
     Parameters
     ----------
     df : pyspark DataFrame
-        The records; validated by :func:`spark_jobs.io.validate_schema`.
+        The records; validated by :func:`spark_jobs.spark.io.validate_schema`.
     unit_column : str
         Privacy unit column.
     value_columns : list of str
@@ -92,7 +92,7 @@ def summarize(
         Id values treated as missing.
     keep_id : bool
         Also keep the person id as ``_pid`` (string): for estimators that hash it again with
-        their own tag (BHS23's keyed order, :mod:`spark_jobs.covariance`). Never written out.
+        their own tag (BHS23's keyed order, :mod:`spark_jobs.spark.vectors`). Never written out.
     max_records_per_person : int, optional
         Record cap R in ``[m_min, MAX_RECORDS_LIMIT]`` (module docstring); None (default) keeps all.
     label_columns : list of str, optional
@@ -189,7 +189,7 @@ def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
     ``min_by`` and the limb sums run inside it."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.batches import KEY_HEX_DIGITS, _with_record_key, number_copies
+    from spark_jobs.spark.batches import KEY_HEX_DIGITS, _with_record_key, number_copies
 
     names = [f"_v{i}" for i in range(len(value_columns))]
     label = F.sha2(F.to_json(F.struct(*[qcol(c) for c in label_columns])), 256)

@@ -30,7 +30,7 @@ level only and never released (spec §7.5).
 
 from __future__ import annotations
 
-from spark_jobs.sqlnames import qcol
+from spark_jobs.spark.sqlnames import qcol
 
 import logging
 import math
@@ -69,14 +69,14 @@ def person_vectors(
 ):
     """One row per person: ``_pid`` (string) and the person's mean of each column (float64).
 
-    The means are those of :func:`spark_jobs.summarize.summarize` (records with non-finite
+    The means are those of :func:`spark_jobs.spark.summarize.summarize` (records with non-finite
     values dropped per column, sorted-order sums); persons without ``m_min`` usable records of
     *every* column are left out (a per-person rule, applied before anything is counted).
     ``max_records_per_person``, ``label_columns``: the summary's record cap (None: all records)
-    and the columns naming a record for it (:func:`spark_jobs.summarize.summarize`).
+    and the columns naming a record for it (:func:`spark_jobs.spark.summarize.summarize`).
     Means are clamped to ``[-VALUE_BOUND, VALUE_BOUND]`` (1e100) as the numpy backend does.
     """
-    from spark_jobs.summarize import summarize
+    from spark_jobs.spark.summarize import summarize
 
     summ = summarize(records, unit_column, columns, salt_hex, m_min, null_values, keep_id=True,
                      max_records_per_person=max_records_per_person, label_columns=label_columns)
@@ -86,7 +86,7 @@ def person_vectors(
 def vectors_from_summary(summary, columns: list[str]):
     """:func:`person_vectors` from a summary already computed (and cached) by the job.
 
-    ``summary``: a :func:`spark_jobs.summarize.summarize` DataFrame made with ``keep_id=True``
+    ``summary``: a :func:`spark_jobs.spark.summarize.summarize` DataFrame made with ``keep_id=True``
     over a superset of ``columns`` (each column's mean is a function of that column's records
     and the record draw, so summarizing more columns at once gives the same means). One row per
     person with every one of ``columns`` non-null (``m_min`` usable records), means clamped to

@@ -1,7 +1,7 @@
 """Spark side of :mod:`dplib.fixed_n`: the histogram of the count vectors of exactly the ``n0``
 persons of smallest keyed-hash rank (P3 of ``kind: distribution``).
 
-:class:`SparkFixedNBatches` extends :class:`spark_jobs.batches.SparkBatchAggregates` with
+:class:`SparkFixedNBatches` extends :class:`spark_jobs.spark.batches.SparkBatchAggregates` with
 ``ranked_histogram``, the Spark twin of
 :meth:`dplib.distribution.batches.NumpyBatches.ranked_histogram`: persons of the group ordered by
 ``(_group, counts)`` (the keyed hash of the person id with the run's secret salt, ties broken by
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dplib.errors import InvalidParameterError
 from dplib.groups import GroupRange
-from spark_jobs.batches import SparkBatchAggregates
+from spark_jobs.spark.batches import SparkBatchAggregates
 
 
 class SparkFixedNBatches(SparkBatchAggregates):

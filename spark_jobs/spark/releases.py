@@ -1,0 +1,46 @@
+"""Writing the ``releases`` Delta table (its schema derived from :class:`ReleaseRow`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import typing
+from dataclasses import asdict, fields
+
+from pyspark.sql import types as T
+
+from spark_jobs.release import NULLABLE, RELEASES_TABLE, ReleaseRow
+
+_SCALARS = {str: T.StringType(), int: T.LongType(), float: T.DoubleType(), bool: T.BooleanType(),
+            dt.datetime: T.TimestampType()}
+#: Narrower Spark types than the Python annotation gives (kept as the table was first written).
+_OVERRIDES = {"estimate_shape": T.ArrayType(T.IntegerType(), False)}
+
+
+def _spark_type(annotation) -> T.DataType:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return _spark_type(args[0])
+    if typing.get_origin(annotation) is list:
+        return T.ArrayType(_spark_type(args[0]), False)
+    return _SCALARS[annotation]
+
+
+def release_schema() -> T.StructType:
+    """The Spark schema of the ``releases`` table, derived from :class:`ReleaseRow`."""
+    hints = typing.get_type_hints(ReleaseRow)
+    return T.StructType(
+        [
+            T.StructField(f.name, _OVERRIDES.get(f.name) or _spark_type(hints[f.name]), f.name in NULLABLE)
+            for f in fields(ReleaseRow)
+        ]
+    )
+
+
+def write_releases(spark, rows: list[ReleaseRow], output_path: str) -> str:
+    """Append ``rows`` to ``<output_path>/releases`` in one Delta commit; returns the table path."""
+    table = output_path.rstrip("/") + "/" + RELEASES_TABLE
+    data = [tuple(asdict(r).values()) for r in rows]
+    df = spark.createDataFrame(data, schema=release_schema()).coalesce(1)
+    # mergeSchema: a table written before a column was added (``flagged``) gains it; older rows read null
+    df.write.format("delta").mode("append").option("mergeSchema", "true").save(table)
+    return table
