@@ -10,40 +10,21 @@ import difflib
 import hashlib
 import json
 import math
-import types
-import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from dplib.errors import ConfigError
+from spark_jobs.kinds import BY_NAME, REGISTRY, Statistic, kind_of
+from spark_jobs.kinds.base import Frozen
+
+#: One statistic of a job (the union of the kinds' models, discriminated on ``kind``).
+StatisticConfig = Statistic
 
 
-def _takes_number(annotation) -> bool:
-    """True if a field annotation admits a float or int (bare, optional or in a union)."""
-    if annotation in (float, int):
-        return True
-    return any(_takes_number(a) for a in typing.get_args(annotation)) if typing.get_origin(annotation) in (
-        typing.Union, types.UnionType) else False
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_bool_numbers(cls, data):
-        """YAML's ``true`` is not a number: ``epsilon: true`` must not become 1.0."""
-        if isinstance(data, dict):
-            for name, field in cls.model_fields.items():
-                if isinstance(data.get(name), bool) and _takes_number(field.annotation):
-                    raise ValueError(f"{name}: must be a number, got a boolean ({str(data[name]).lower()})")
-        return data
-
-
-class InputConfig(_Frozen):
+class InputConfig(Frozen):
     """Where the records are. ``format``: parquet, delta or csv (csv with a header row)."""
 
     path: str = Field(min_length=1)
@@ -52,7 +33,7 @@ class InputConfig(_Frozen):
     csv_options: dict[str, str] = Field(default_factory=lambda: {"header": "true"})
 
 
-class PrivacyUnitConfig(_Frozen):
+class PrivacyUnitConfig(Frozen):
     """The privacy unit: one person = all records sharing a value of ``column``.
 
     Records whose id is null, or equal (after trimming) to one of ``null_values``, are dropped:
@@ -75,7 +56,7 @@ class PrivacyUnitConfig(_Frozen):
 RUN_EPSILON_RANGE = (1e-4, 100.0)
 
 
-class _EpsilonDelta(_Frozen):
+class _EpsilonDelta(Frozen):
     """Validation shared by budgets and limits: epsilon finite > 0, delta in [0, 1)."""
 
     epsilon: float
@@ -133,370 +114,7 @@ class BudgetConfig(_EpsilonDelta):
 
 
 
-class MeanOptions(_Frozen):
-    """Options of the person-level mean (``kind: mean``). All optional.
-
-    Default (no ``scale``): the scale-free estimator finds the range, centre and clipping radius
-    privately (``dplib.mean.scale_free``). ``exponent_range``: binary exponents of its pure-DP
-    magnitude buckets, used only when delta = 0.
-
-    With ``scale`` (public scale of the person means in data units, a bound on the k-th moment
-    root of how far a person's mean sits from the mean over persons): the paper's estimator
-    with that declared scale (``dplib.mean.univariate``); ``range_bound`` (public R with
-    ``|mean| <= R``) is then needed when delta = 0; ``coarse_fraction`` is its coarse share.
-    ``k``: moment order. With ``scale``: the paper's k (default 4). Without: optional cap on the
-    degrees of freedom of the tail model beyond what the private deviation profile measures
-    (default: no cap; a smaller k gives wider, more robust radii).
-
-    ``kind: multivariate_mean`` (``dplib.mean.multivariate``) takes ``k``, ``scales`` (optional
-    public per-column scales, a diagonal preconditioner; found privately when absent),
-    ``records_iid`` (assert records within a person are i.i.d.: the radii then use
-    ``m = summary.m_min``; default: each person's mean is one item) and ``expected_persons``
-    (optional public number of persons; else a DP count on 2% of the persons).
-    """
-
-    scale: float | None = None
-    k: float | None = None
-    range_bound: float | None = None
-    coarse_fraction: float = 0.25
-    exponent_range: tuple[int, int] = (-40, 60)
-    scales: tuple[float, ...] | None = None
-    records_iid: bool = False
-    expected_persons: float | None = None
-
-    @field_validator("scales")
-    @classmethod
-    def _scales(cls, v: tuple[float, ...] | None) -> tuple[float, ...] | None:
-        if v is not None and (len(v) == 0 or any(not math.isfinite(x) or x <= 0 for x in v)):
-            raise ValueError(f"must be one finite value > 0 per column, in data units (got {list(v)})")
-        return v
-
-    @field_validator("expected_persons")
-    @classmethod
-    def _persons(cls, v: float | None) -> float | None:
-        if v is not None and (not math.isfinite(v) or v < 1):
-            raise ValueError(f"must be a public number of persons >= 1 (got {v!r})")
-        return v
-
-    @field_validator("scale")
-    @classmethod
-    def _scale(cls, v: float | None) -> float | None:
-        if v is not None and (not math.isfinite(v) or v <= 0):
-            raise ValueError(f"must be finite and > 0, in data units (got {v!r})")
-        return v
-
-    @field_validator("exponent_range")
-    @classmethod
-    def _exp(cls, v: tuple[int, int]) -> tuple[int, int]:
-        if not (-1000 < v[0] < v[1] < 997):
-            raise ValueError(f"must be [lo, hi] with -1000 < lo < hi < 997 (got {list(v)})")
-        return v
-
-    @field_validator("k")
-    @classmethod
-    def _k(cls, v: float | None) -> float | None:
-        if v is not None and (math.isnan(v) or v < 2):
-            raise ValueError(f"must be >= 2 or .inf (got {v!r})")
-        return v
-
-    @field_validator("range_bound")
-    @classmethod
-    def _r(cls, v: float | None) -> float | None:
-        if v is not None and (not math.isfinite(v) or v <= 0):
-            raise ValueError(f"must be finite and > 0 (got {v!r})")
-        return v
-
-    @field_validator("coarse_fraction")
-    @classmethod
-    def _cf(cls, v: float) -> float:
-        if not (0.05 <= v <= 0.95):
-            raise ValueError(f"must be in [0.05, 0.95] (got {v!r})")
-        return v
-
-
-class DistributionOptions(_Frozen):
-    """Options of ``kind: distribution`` (``dplib.distribution``; spec discrete_batches.md §3.7).
-
-    ``categories``: the **public, fixed** category list (written in the config from public
-    knowledge, never derived from the data); values outside it and nulls count as ``OTHER``,
-    appended as the last coordinate. ``estimator``: ``shares`` (the default without ``m``:
-    Laplace on the sum of each person's category shares over **all** their records; pure
-    epsilon; ``dplib.distribution.shares``), or a batch estimator that draws ``m`` records per
-    person (the default with ``m`` is P0). ``m``: draws per person (persons with fewer records are
-    left out; more: m drawn uniformly without replacement in keyed-hash order). Batch estimators:
-    P0 (pooled Laplace, pure epsilon), P1 (l1-clipped Laplace around a private
-    centre, pure epsilon), P2 (l2-clipped Gaussian, needs delta > 0) or P3 (robust and private:
-    exponential mechanism on a simplex grid with the certified FRC score, pure epsilon, k <= 5
-    including OTHER; runs on a DP lower bound n0 of the persons, padded). ``beta``: failure
-    probability in the radii (P3: of n0 and tau_cov's null term). ``eta``, ``omega``:
-    corruption bound and heterogeneity radius, **unused by P0-P2**; P3's trimming level
-    (default from alpha and m) and heterogeneity allowance. ``alpha`` (P3, default 0.06):
-    accuracy target (l1) that sets the grid G = ceil(2k/alpha) and eta_priv;
-    ``grid_resolution`` (P3): G, overrides the default; ``closeness_radius`` (P3, default 0):
-    l1 radius of the score's neighbourhood minimum (0 = none; one grid step is 2/G; the spec's
-    alpha flattens the score and costs accuracy, benchmarks/README.md); ``p3_count_share``
-    (P3, default 0.1): share of epsilon spent on the DP count n0. All public and fixed (the grid
-    is never chosen from the data). ``record_label_columns``:
-    the columns that name a record in the sampling order (default: the category column alone,
-    which gives the same law of the batches as naming records by every column and is the
-    fastest plan; the category column is always added, so the draws cannot depend on it).
-    """
-
-    categories: tuple[str, ...]
-    m: int | None = None
-    estimator: Literal["shares", "P0", "P1", "P2", "P3"] | None = None
-    beta: float = 0.05
-    eta: float | None = None
-    omega: float | None = None
-    alpha: float = 0.06
-    grid_resolution: int | None = None
-    closeness_radius: float = 0.0
-    p3_count_share: float = 0.1
-    record_label_columns: tuple[str, ...] | None = None
-
-    @field_validator("alpha")
-    @classmethod
-    def _alpha(cls, v: float) -> float:
-        if not (math.isfinite(v) and 0.0 < v <= 2.0):
-            raise ValueError(f"must be in (0, 2] (l1 closeness radius of P3; got {v!r})")
-        return v
-
-    @field_validator("closeness_radius")
-    @classmethod
-    def _radius(cls, v: float) -> float:
-        if not (math.isfinite(v) and 0.0 <= v <= 2.0):
-            raise ValueError(f"must be in [0, 2] (l1 closeness radius of P3, 0 = none; got {v!r})")
-        return v
-
-    @field_validator("p3_count_share")
-    @classmethod
-    def _share(cls, v: float) -> float:
-        if not (math.isfinite(v) and 0.0 < v < 1.0):
-            raise ValueError(f"must be in (0, 1) (P3's share of epsilon for the count n0; got {v!r})")
-        return v
-
-    @field_validator("grid_resolution")
-    @classmethod
-    def _grid(cls, v: int | None) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError(f"must be an integer >= 1 (P3 grid points i/G; got {v!r})")
-        return v
-
-    @model_validator(mode="after")
-    def _p3(self) -> "DistributionOptions":
-        if self.estimator is None:  # default: every record (shares); with m, the batch baseline P0
-            object.__setattr__(self, "estimator", "shares" if self.m is None else "P0")
-        if self.estimator == "shares":
-            if self.m is not None:
-                raise ValueError("m is not used by estimator 'shares' (every record of every person counts); "
-                                 "drop m, or name a batch estimator (P0-P3) that draws m records per person")
-            for name in ("eta", "omega", "grid_resolution", "closeness_radius", "p3_count_share", "record_label_columns"):
-                if name in self.model_fields_set:
-                    raise ValueError(f"{name} is not used by estimator 'shares'")
-            return self
-        if self.m is None:
-            raise ValueError(f"estimator {self.estimator} draws m records per person: options.m is required")
-        if self.m < 1:
-            raise ValueError(f"m must be an integer >= 1 (got {self.m!r})")
-        if self.estimator != "P3":
-            for name in ("grid_resolution", "closeness_radius", "p3_count_share"):
-                if name in self.model_fields_set:
-                    raise ValueError(f"{name} is for estimator P3")
-            return self
-        from dplib.distribution.p3 import p3_setup
-
-        if self.beta >= 0.5:
-            raise ValueError(f"beta must be < 0.5 for estimator P3 (got {self.beta!r})")
-        try:
-            p3_setup(len(self.categories) + 1, self.m, 1, self.alpha, self.grid_resolution, self.eta, self.omega, self.beta,
-                     closeness_radius=self.closeness_radius)
-        except Exception as err:  # InvalidParameterError -> a config error naming the option
-            raise ValueError(f"estimator P3: {err}") from err
-        return self
-
-    @field_validator("categories")
-    @classmethod
-    def _cats(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from dplib.distribution.batches import check_categories
-
-        try:
-            return check_categories(v)
-        except Exception as err:  # InvalidParameterError -> a config error naming the field
-            raise ValueError(str(err)) from err
-
-    @field_validator("m")
-    @classmethod
-    def _m(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"must be an integer >= 1 (draws per person), got {v!r}")
-        return v
-
-    @field_validator("beta")
-    @classmethod
-    def _beta(cls, v: float) -> float:
-        if not (0.0 < v < 1.0):
-            raise ValueError(f"must be in (0, 1) (got {v!r})")
-        return v
-
-    @field_validator("eta")
-    @classmethod
-    def _eta(cls, v: float | None) -> float | None:
-        if v is not None and not (0.0 < v < 0.5):
-            raise ValueError(f"must be in (0, 0.5) (got {v!r})")
-        return v
-
-    @field_validator("omega")
-    @classmethod
-    def _omega(cls, v: float | None) -> float | None:
-        if v is not None and not (0.0 <= v < 1.0):
-            raise ValueError(f"must be in [0, 1) (got {v!r})")
-        return v
-
-
-#: Config kinds of BHS23 (dplib.covariance.person): Algorithm 1, 5.1 on pairs, 5.2.
-BHS_KINDS = ("mean_affine", "covariance", "gaussian")
-
-
-class CovarianceOptions(_Frozen):
-    """Options of ``kind: mean_affine | covariance | gaussian`` (BHS23, ``dplib.covariance.person``).
-
-    ``lambda0`` (and ``lambda0_cov``, Algorithm 5.1's part of ``gaussian``): outlier thresholds,
-    public; default the library's rule at the DP n0. ``beta``: probability that n0 exceeds the
-    person count (then the set is padded with ``dummy``, a public vector, default zeros).
-    ``expected_persons``: a declared public person count; a config below the gate is refused
-    before any budget is reserved.
-    """
-
-    lambda0: float | None = None
-    lambda0_cov: float | None = None
-    beta: float = 0.05
-    dummy: tuple[float, ...] | None = None
-    expected_persons: int | None = None
-    #: kind ``covariance`` only: ``bhs23`` (default; needs ~10^5 persons at d = 4) or ``clipped``
-    #: (clip-and-noise around a private mean, scales and radius: from a few thousand persons;
-    #: ``dplib.covariance.clipped``). The BHS23 options above do not apply to ``clipped``.
-    estimator: Literal["bhs23", "clipped"] = "bhs23"
-
-    @field_validator("lambda0", "lambda0_cov")
-    @classmethod
-    def _lam(cls, v: float | None) -> float | None:
-        if v is not None and not (math.isfinite(v) and v > 0):
-            raise ValueError(f"must be a finite number > 0 (got {v!r})")
-        return v
-
-    @field_validator("beta")
-    @classmethod
-    def _beta(cls, v: float) -> float:
-        if not (math.isfinite(v) and 0 < v < 0.5):
-            raise ValueError(f"must be in (0, 0.5) (got {v!r})")
-        return v
-
-
-def _options_kind(v: Any) -> str:
-    """Which options model a mapping is: distribution options name ``categories`` or ``m``."""
-    if isinstance(v, CovarianceOptions):
-        return "covariance"
-    if isinstance(v, dict) and v.get("estimator") in ("bhs23", "clipped"):
-        return "covariance"
-    if isinstance(v, DistributionOptions):
-        return "distribution"
-    if isinstance(v, dict) and ({"categories", "m", "estimator"} & set(v)):
-        return "distribution"
-    return "mean"
-
-
-class StatisticConfig(_Frozen):
-    """One released statistic. ``share``: its fraction of the run's budget (sequential
-    composition across statistics, which all read the same persons)."""
-
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
-    kind: Literal["mean", "multivariate_mean", "distribution", "mean_affine", "covariance", "gaussian"]
-    columns: tuple[str, ...] = Field(min_length=1)
-    share: float
-    options: Annotated[
-        Union[
-            Annotated[MeanOptions, Tag("mean")],
-            Annotated[DistributionOptions, Tag("distribution")],
-            Annotated[CovarianceOptions, Tag("covariance")],
-        ],
-        Discriminator(_options_kind),
-    ] = MeanOptions()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bhs_options(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("kind") in BHS_KINDS:
-            opts = data.get("options") or {}
-            if isinstance(opts, dict):
-                data = {**data, "options": CovarianceOptions(**opts)}
-        return data
-
-    @field_validator("share")
-    @classmethod
-    def _share(cls, v: float) -> float:
-        if not math.isfinite(v) or not (0 < v <= 1):
-            raise ValueError(f"must be in (0, 1] (got {v!r})")
-        return v
-
-    @model_validator(mode="after")
-    def _univariate(self) -> "StatisticConfig":
-        o = self.options
-        if self.kind == "distribution":
-            if not isinstance(o, DistributionOptions):
-                raise ValueError("kind 'distribution' needs options.categories (the public list)")
-            if len(self.columns) != 1:
-                raise ValueError(f"kind 'distribution' takes exactly one categorical column (got {list(self.columns)})")
-            return self
-        if self.kind in BHS_KINDS:
-            if not isinstance(o, CovarianceOptions):
-                raise ValueError(f"kind {self.kind!r} takes options lambda0, lambda0_cov, beta, dummy, expected_persons")
-            if len(set(self.columns)) != len(self.columns):
-                raise ValueError(f"columns must be distinct (got {list(self.columns)})")
-            if o.dummy is not None and len(o.dummy) != len(self.columns):
-                raise ValueError(f"options.dummy must hold one value per column ({len(self.columns)}), got {len(o.dummy)}")
-            if o.lambda0_cov is not None and self.kind != "gaussian":
-                raise ValueError("options.lambda0_cov is for kind 'gaussian' (kind 'covariance' takes options.lambda0)")
-            if o.estimator == "clipped":
-                if self.kind != "covariance":
-                    raise ValueError(f"options.estimator 'clipped' is for kind 'covariance', not {self.kind!r}")
-                if len(self.columns) < 2:
-                    raise ValueError("kind 'covariance' needs at least 2 columns")
-                bhs_only = [n for n in ("lambda0", "lambda0_cov", "dummy", "expected_persons") if getattr(o, n) is not None]
-                if bhs_only or o.beta != 0.05:
-                    raise ValueError(f"options {bhs_only or ['beta']} are BHS23's; estimator 'clipped' takes none")
-            return self
-        if isinstance(o, CovarianceOptions):
-            raise ValueError(f"options of kind {self.kind!r} given to a BHS23 kind's model")
-        if isinstance(o, DistributionOptions):
-            raise ValueError("options.categories, options.m and options.estimator are for kind 'distribution'")
-        if self.kind == "mean":
-            if len(self.columns) != 1:
-                raise ValueError(
-                    f"kind 'mean' takes exactly one column (got {list(self.columns)}); "
-                    "list one statistic per column, or use kind 'multivariate_mean'"
-                )
-            for f in ("scales", "expected_persons"):
-                if getattr(o, f) is not None:
-                    raise ValueError(f"options.{f} is for kind 'multivariate_mean' (kind 'mean' takes options.scale)")
-            if o.records_iid:
-                raise ValueError("options.records_iid is for kind 'multivariate_mean'")
-        else:
-            if len(set(self.columns)) != len(self.columns):
-                raise ValueError(f"columns must be distinct (got {list(self.columns)})")
-            for f in ("scale", "range_bound"):
-                if getattr(o, f) is not None:
-                    raise ValueError(
-                        f"options.{f} is for kind 'mean'; kind 'multivariate_mean' takes options.scales "
-                        "(one per column) and needs delta > 0"
-                    )
-            if o.scales is not None and len(o.scales) != len(self.columns):
-                raise ValueError(
-                    f"options.scales must hold one value per column ({len(self.columns)}), got {len(o.scales)}"
-                )
-        return self
-
-
-class SummaryConfig(_Frozen):
+class SummaryConfig(Frozen):
     """Per-person reduction: persons with fewer than ``m_min`` usable records of a column are
     dropped from that column's statistics. ``max_records_per_person`` (optional record cap R):
     a person with more than R records keeps R of them, drawn uniformly without replacement by a
@@ -526,7 +144,7 @@ class SummaryConfig(_Frozen):
         return self
 
 
-class OutputConfig(_Frozen):
+class OutputConfig(Frozen):
     """Where releases go: the Delta table ``<path>/releases``."""
 
     path: str = Field(min_length=1)
@@ -540,7 +158,7 @@ class LimitConfig(_EpsilonDelta):
 
 
 
-class LedgerConfig(_Frozen):
+class LedgerConfig(Frozen):
     """The privacy ledger (``spark_jobs.ledger``).
 
     ``population`` (required while the ledger is enabled): the protected population this job's
@@ -559,7 +177,7 @@ class LedgerConfig(_Frozen):
     initial_limit: LimitConfig | None = None
 
 
-class SparkConfig(_Frozen):
+class SparkConfig(Frozen):
     """Spark settings. ``master`` is used only when the job is not run by spark-submit (which
     passes its own master). ``log_level``: Spark's own log level (ERROR hides Spark's warnings
     and their stack traces; WARN or INFO to debug Spark)."""
@@ -570,7 +188,7 @@ class SparkConfig(_Frozen):
     conf: dict[str, str] = Field(default_factory=dict)
 
 
-class JobConfig(_Frozen):
+class JobConfig(Frozen):
     """A whole job: input, privacy unit, budget, statistics, output, Spark.
 
     An input source without a single row is refused (``InputDataError``) before any budget is
@@ -581,7 +199,7 @@ class JobConfig(_Frozen):
     input: InputConfig
     privacy_unit: PrivacyUnitConfig
     budget: BudgetConfig
-    statistics: tuple[StatisticConfig, ...] = Field(min_length=1)
+    statistics: tuple[Statistic, ...] = Field(min_length=1)
     summary: SummaryConfig = SummaryConfig()
     output: OutputConfig
     spark: SparkConfig = SparkConfig()
@@ -599,29 +217,12 @@ class JobConfig(_Frozen):
                 "ledger.population is required: name the persons behind this source (e.g. "
                 "'web-users'), the same in every job that reads them, or set ledger.enabled: false"
             )
-        if self.budget.delta == 0 and any(s.kind == "multivariate_mean" for s in self.statistics):
-            raise ValueError(
-                "budget.delta must be > 0 for kind 'multivariate_mean' (an approximate-DP estimator)"
-            )
-        if self.budget.delta == 0 and any(s.kind in BHS_KINDS for s in self.statistics):
-            raise ValueError(f"budget.delta must be > 0 for kinds {list(BHS_KINDS)} (BHS23, approximate DP)")
-        for s in self.statistics:
-            if s.kind == "distribution" and s.options.estimator == "P2" and self.budget.delta == 0:
-                raise ValueError(
-                    f"statistic {s.name!r}: estimator P2 (Gaussian) needs budget.delta > 0; use P0 or P1 for pure epsilon"
-                )
         names = [s.name for s in self.statistics]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"statistic names must be unique; repeated: {dup}")
         for s in self.statistics:
-            if s.kind == "distribution" or s.kind in BHS_KINDS:
-                pass
-            elif self.budget.delta == 0 and s.options.scale is not None and s.options.range_bound is None:
-                raise ValueError(
-                    f"statistic {s.name!r}: budget.delta = 0 (pure DP) with a declared options.scale "
-                    "needs options.range_bound (or drop options.scale for the scale-free estimator)"
-                )
+            kind_of(s).check_job(s, self)
             if self.privacy_unit.column in s.columns:
                 raise ValueError(f"statistic {s.name!r} uses the privacy unit column as a value")
         return self
@@ -656,33 +257,29 @@ class JobConfig(_Frozen):
         return "k-" + hashlib.sha256(blob).hexdigest()[:32]
 
     def categorical_columns(self) -> list[str]:
-        """Every column a distribution statistic reads (its category column and record-label
-        columns), in order of first use; any type (values are matched as strings)."""
-        out: list[str] = []
-        for s in self.statistics:
-            if s.kind != "distribution":
-                continue
-            for c in list(s.columns) + list(s.options.record_label_columns or []):
-                if c not in out:
-                    out.append(c)
-        return out
+        """Every column a statistic reads from the records itself (e.g. a distribution's category
+        column and record-label columns), in order of first use; any type (values are matched as
+        strings)."""
+        return _unique(c for s in self.statistics for c in kind_of(s).categorical_columns(s))
 
     def value_columns(self) -> list[str]:
-        """Every numeric value column a mean statistic reads, in order of first use."""
-        out: list[str] = []
-        for s in self.statistics:
-            if s.kind == "distribution":
-                continue
-            for c in s.columns:
-                if c not in out:
-                    out.append(c)
-        return out
+        """Every numeric column of the run's shared per-person summary, in order of first use."""
+        return _unique(c for s in self.statistics for c in kind_of(s).value_columns(s))
+
+
+def _unique(items) -> list[str]:
+    out: list[str] = []
+    for c in items:
+        if c not in out:
+            out.append(c)
+    return out
 
 
 def _known_fields() -> set[str]:
-    models = [InputConfig, PrivacyUnitConfig, BudgetConfig, MeanOptions, DistributionOptions, CovarianceOptions,
-              StatisticConfig, SummaryConfig,
-              OutputConfig, SparkConfig, LimitConfig, LedgerConfig, JobConfig]
+    models = [InputConfig, PrivacyUnitConfig, BudgetConfig, SummaryConfig, OutputConfig, SparkConfig, LimitConfig,
+              LedgerConfig, JobConfig]
+    for k in REGISTRY:
+        models += [k.config_model, k.config_model.model_fields["options"].annotation]
     return {name for m in models for name in m.model_fields}
 
 
@@ -694,7 +291,9 @@ def _format_errors(err: ValidationError) -> str:
         # pydantic adds "tuple too short" for a list whose items all failed: noise, drop it
         if e["type"] == "too_short" and any(len(o) > len(loc_t) and o[: len(loc_t)] == loc_t for o in locs):
             continue
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        # a statistic's location carries its kind tag (statistics.0.mean.options): drop the tag
+        parts = [p for i, p in enumerate(e["loc"]) if not (i and isinstance(e["loc"][i - 1], int) and p in BY_NAME)]
+        loc = ".".join(str(p) for p in parts) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "literal_error":
             msg = f"{msg} (got {e.get('input')!r})"

@@ -90,13 +90,22 @@ def test_population_without_limit_refuses(spark, tmp_path):
 
 
 RUNNER = """
-import json, sys
+import json, logging, os, sys
 from dplib.mechanisms import SeededNoise
 from spark_jobs.config import parse_config
 from spark_jobs.query import read_delta
 from spark_jobs.job import run_job
 cfg = parse_config(json.loads(sys.argv[1]))
-run_job(cfg, noise=SeededNoise(7), run_id="nightly-1")
+step = sys.argv[2]
+
+
+def crash(name):
+    if name == step:
+        logging.shutdown()
+        os._exit(86)
+
+
+run_job(cfg, noise=SeededNoise(7), run_id="nightly-1", checkpoint=crash)
 """
 
 
@@ -104,8 +113,7 @@ run_job(cfg, noise=SeededNoise(7), run_id="nightly-1")
 def test_crash_at_each_step_then_retry(spark, tmp_path, step):
     cfg, data = _cfg(tmp_path)
     data = {**data, "spark": {"master": "local[1]"}}
-    env = {**os.environ, "PERSON_DP_CRASH_AT": step}
-    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(data)], env=env, capture_output=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(data), step], capture_output=True, timeout=300)
     assert proc.returncode == 86, proc.stderr.decode()[-2000:]  # killed at the injected point
     led = _ledger(tmp_path)
     table = tmp_path / "out" / "releases"
@@ -174,13 +182,27 @@ def test_spark_sql_views_as_documented(spark, tmp_path):
 
 
 JOB = """
-import json, sys
+import json, os, sys, time
 from dplib.errors import BudgetExceededError
 from spark_jobs.config import parse_config
 from spark_jobs.job import run_job
 cfg = parse_config(json.loads(sys.argv[1]))
+folder, n = sys.argv[2], 2
+
+
+def barrier(name):
+    # the processes wait for each other just before the reservation
+    if name != "before_reserve":
+        return
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 300
+    while len(os.listdir(folder)) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 try:
-    run_job(cfg)
+    run_job(cfg, checkpoint=barrier)
 except BudgetExceededError as err:
     print("REFUSED", err)
     sys.exit(3)
@@ -192,8 +214,7 @@ def test_two_jobs_overlap_room_for_one(tmp_path):
     same moment against a ledger with room for one run: one releases, one refuses."""
     _, data = _cfg(tmp_path, limit=(1.5, 1e-4))
     data = {**data, "spark": {"master": "local[1]"}}
-    env = {**os.environ, "PERSON_DP_TEST_BARRIER": f"{tmp_path / 'barrier'}:2"}
-    procs = [subprocess.Popen([sys.executable, "-c", JOB, json.dumps(data)], env=env, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-c", JOB, json.dumps(data), str(tmp_path / "barrier")], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     codes = sorted(p.wait(timeout=600) for p in procs)
     outs = [p.stdout.read() for p in procs]

@@ -1,0 +1,233 @@
+"""What every statistic kind is: its config model, its plan, its run, its release.
+
+A *kind* (``kind: mean`` in a job's YAML) is one module under :mod:`spark_jobs.kinds` holding a
+config model (a subclass of :class:`StatisticConfigBase` with ``kind: Literal[...]``) and a
+:class:`StatisticKind` object, listed once in :data:`spark_jobs.kinds.REGISTRY`. The runner
+(:mod:`spark_jobs.job`) knows no kind by name: it asks the kind
+
+- which per-person input it reads (:meth:`StatisticKind.value_columns`: the run's one shared
+  per-person summary of numeric columns; :meth:`StatisticKind.categorical_columns`: columns it
+  reads from the records itself, e.g. a distribution's category column),
+- whether the config is consistent with the job (:meth:`StatisticKind.check_job`),
+- its public plan (:meth:`StatisticKind.plan`; the dplib ``*Plan`` object whose ``charges`` are
+  the privacy cost) and the dry-run line (:meth:`StatisticKind.describe`),
+- to run on the driver against the seam (:meth:`StatisticKind.run`) and return one
+  :class:`Release`, which the runner turns into one ``releases`` row.
+
+No module here imports pyspark: Spark objects reach a kind through :class:`RunContext`.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from dplib.budget import Accountant, Budget
+from dplib.mechanisms import NoiseSource
+
+
+def _takes_number(annotation) -> bool:
+    """True if a field annotation admits a float or int (bare, optional or in a union)."""
+    if annotation in (float, int):
+        return True
+    return any(_takes_number(a) for a in typing.get_args(annotation)) if typing.get_origin(annotation) in (
+        typing.Union, types.UnionType) else False
+
+
+class Frozen(BaseModel):
+    """Base of every config model: immutable, unknown fields refused, YAML booleans never numbers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data):
+        """YAML's ``true`` is not a number: ``epsilon: true`` must not become 1.0."""
+        if isinstance(data, dict):
+            for name, fld in cls.model_fields.items():
+                if isinstance(data.get(name), bool) and _takes_number(fld.annotation):
+                    raise ValueError(f"{name}: must be a number, got a boolean ({str(data[name]).lower()})")
+        return data
+
+
+def _kind_models(cls) -> list[type["StatisticConfigBase"]]:
+    out = []
+    for sub in cls.__subclasses__():
+        if "kind" in sub.model_fields:
+            out.append(sub)
+        out.extend(_kind_models(sub))
+    return out
+
+
+class StatisticConfigBase(Frozen):
+    """Fields every statistic has. ``share``: its fraction of the run's budget (sequential
+    composition across statistics, which all read the same persons). Subclasses add
+    ``kind: Literal[...]`` and ``options``."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    columns: tuple[str, ...] = Field(min_length=1)
+    share: float
+
+    @model_validator(mode="before")
+    @classmethod
+    def _options_of_another_kind(cls, data: Any) -> Any:
+        """An option that belongs to another kind gets an error naming that kind."""
+        if not isinstance(data, dict) or not isinstance(data.get("options"), dict) or "options" not in cls.model_fields:
+            return data
+        mine = set(cls.model_fields["options"].annotation.model_fields)
+        for key in data["options"]:
+            if key in mine:
+                continue
+            owners = sorted({
+                k for m in _kind_models(StatisticConfigBase)
+                if key in m.model_fields["options"].annotation.model_fields
+                for k in typing.get_args(m.model_fields["kind"].annotation)
+            })
+            if owners:
+                kind = data.get("kind")
+                raise ValueError(f"options.{key} is not an option of kind {kind!r} (it is for kind "
+                                 f"{' / '.join(repr(o) for o in owners)})")
+        return data
+
+    @field_validator("share")
+    @classmethod
+    def _share(cls, v: float) -> float:
+        if not math.isfinite(v) or not (0 < v <= 1):
+            raise ValueError(f"must be in (0, 1] (got {v!r})")
+        return v
+
+    def budget(self, cfg) -> Budget:
+        """This statistic's (epsilon, delta): its share of the job's budget."""
+        return Budget(cfg.budget.epsilon, cfg.budget.delta).scaled(self.share)
+
+    def check_distinct_columns(self) -> None:
+        if len(set(self.columns)) != len(self.columns):
+            raise ValueError(f"columns must be distinct (got {list(self.columns)})")
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one statistic releases, whatever its kind: the row the runner writes (with the run's
+    lineage and config fields added). Every number is DP or public.
+
+    ``estimate`` is flat (row-major for matrices) with shape ``estimate_shape``; ``None`` when
+    nothing was released (status not OK). ``noise_scale``: the largest per-coordinate noise sd or
+    Laplace scale (``None``: no additive noise, e.g. an exponential mechanism). ``error_bar``:
+    per-coordinate half-widths at ``error_level`` covering what ``error_covers`` says (``None``:
+    no honest bar). ``parameters``: public parameters and DP by-products (JSON).
+    """
+
+    estimand: str
+    algorithm: str
+    algorithm_version: str
+    status: str
+    epsilon: float
+    delta: float
+    estimate: list[float] | None
+    estimate_shape: list[int]
+    noise_scale: float | None = None
+    error_bar: list[float] | None = None
+    error_level: float = 0.0
+    error_covers: str = "none"
+    parameters: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, rel, *, estimand: str, algorithm: str, algorithm_version: str, estimate_shape: list[int],
+           parameters: dict | None = None, **override) -> "Release":
+        """From a dplib release object (``status, epsilon, delta``; optional ``estimate``,
+        ``noise_scale``, ``error_bar``, ``error_level``, ``error_covers``, ``parameters``)."""
+        def flat(v):
+            return None if v is None else [float(x) for x in np.ravel(v)]
+
+        noise = getattr(rel, "noise_scale", None)
+        values = dict(
+            estimand=estimand,
+            algorithm=algorithm,
+            algorithm_version=algorithm_version,
+            status=rel.status,
+            epsilon=float(rel.epsilon),
+            delta=float(rel.delta),
+            estimate=flat(getattr(rel, "estimate", None)),
+            estimate_shape=list(estimate_shape),
+            noise_scale=None if noise is None else float(np.max(noise)),
+            error_bar=flat(getattr(rel, "error_bar", None)),
+            error_level=float(getattr(rel, "error_level", 0.0) or 0.0),
+            error_covers=getattr(rel, "error_covers", "none"),
+            parameters={**getattr(rel, "parameters", {}), **(parameters or {})},
+        )
+        values.update(override)
+        return cls(**values)
+
+
+@dataclass
+class RunContext:
+    """What a kind's :meth:`StatisticKind.run` may use. Built by the runner after the budget
+    reservation.
+
+    ``summary``: the run's one per-person summary (a cached Spark DataFrame of every kind's
+    ``value_columns``; ``None`` if no kind asked for one); ``aggregates``: the seam over it
+    (:class:`spark_jobs.spark.aggregates.SparkAggregates`); ``records``: the validated input
+    records (kinds that build their own per-person input from them, e.g. batches); ``salt``: the
+    run's secret salt (never logged or written); ``prepared``: what ``plan.prepare(noise)``
+    built before the reservation, per statistic name.
+    """
+
+    cfg: Any
+    records: Any
+    summary: Any
+    aggregates: Any
+    salt: str
+    noise: NoiseSource
+    accountant: Accountant
+    prepared: dict[str, Any] = field(default_factory=dict)
+
+    def summary_extras(self) -> dict:
+        """The summary rules every release over the shared summary reports."""
+        return {"m_min": self.cfg.summary.m_min, "max_records_per_person": self.cfg.summary.max_records_per_person}
+
+
+class StatisticKind:
+    """One statistic kind. Subclasses set :attr:`config_model` and implement :meth:`plan`,
+    :meth:`describe` and :meth:`run`; the defaults suit a kind that reads the shared per-person
+    summary of its columns."""
+
+    #: the pydantic model of one statistic of this kind (its ``kind`` Literal names the YAML kinds)
+    config_model: ClassVar[type[StatisticConfigBase]]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The YAML ``kind`` values this kind handles."""
+        return typing.get_args(self.config_model.model_fields["kind"].annotation)
+
+    def value_columns(self, stat) -> list[str]:
+        """Numeric columns this statistic reads from the run's shared per-person summary."""
+        return list(stat.columns)
+
+    def categorical_columns(self, stat) -> list[str]:
+        """Columns (any type) this statistic reads from the records itself."""
+        return []
+
+    def needs_person_id(self, stat) -> bool:
+        """True if the shared summary must keep the person id (e.g. to order persons by a key)."""
+        return False
+
+    def check_job(self, stat, cfg) -> None:
+        """Checks that need the whole job (its budget, its summary rules). Raise ``ValueError``."""
+
+    def plan(self, stat, cfg):
+        """The public plan (a dplib ``*Plan`` with ``charges(prefix)``) from the config alone."""
+        raise NotImplementedError
+
+    def describe(self, name: str, plan) -> str:
+        """The dry-run line of one planned statistic."""
+        raise NotImplementedError
+
+    def run(self, stat, plan, ctx: RunContext) -> Release:
+        """Run on the driver: charge ``ctx.accountant`` for each stage, then draw its noise."""
+        raise NotImplementedError

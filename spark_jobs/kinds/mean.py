@@ -1,0 +1,175 @@
+"""``kind: mean`` — the person-level mean of one numeric column.
+
+Default: the scale-free estimator (:mod:`dplib.mean.scale_free`; range, centre and clipping
+radius found privately). With ``options.scale``: the paper's estimator with that declared scale
+(:mod:`dplib.mean.univariate`; Agarwal, Kamath, Majid, Mouzakis, Silver, Ullman 2024, Algorithm 1).
+:class:`MeanOptions` is shared with ``kind: multivariate_mean`` (one options model: the config
+hash of existing jobs is unchanged).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import field_validator, model_validator
+
+from dplib.mean.scale_free import ALGORITHM as SF_ALGORITHM
+from dplib.mean.scale_free import ALGORITHM_VERSION as SF_VERSION
+from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
+from dplib.mean.univariate import ALGORITHM, ALGORITHM_VERSION, UnivariateMeanPlan, univariate_person_mean
+from spark_jobs.kinds.base import Frozen, Release, RunContext, StatisticConfigBase, StatisticKind
+
+ESTIMAND_MEAN = "mean over persons of each person's mean of {col} (persons weighted equally)"
+
+
+class MeanOptions(Frozen):
+    """Options of the person-level mean (``kind: mean``). All optional.
+
+    Default (no ``scale``): the scale-free estimator finds the range, centre and clipping radius
+    privately (``dplib.mean.scale_free``). ``exponent_range``: binary exponents of its pure-DP
+    magnitude buckets, used only when delta = 0.
+
+    With ``scale`` (public scale of the person means in data units, a bound on the k-th moment
+    root of how far a person's mean sits from the mean over persons): the paper's estimator
+    with that declared scale (``dplib.mean.univariate``); ``range_bound`` (public R with
+    ``|mean| <= R``) is then needed when delta = 0; ``coarse_fraction`` is its coarse share.
+    ``k``: moment order. With ``scale``: the paper's k (default 4). Without: optional cap on the
+    degrees of freedom of the tail model beyond what the private deviation profile measures
+    (default: no cap; a smaller k gives wider, more robust radii).
+
+    ``kind: multivariate_mean`` (``dplib.mean.multivariate``) takes ``k``, ``scales`` (optional
+    public per-column scales, a diagonal preconditioner; found privately when absent),
+    ``records_iid`` (assert records within a person are i.i.d.: the radii then use
+    ``m = summary.m_min``; default: each person's mean is one item) and ``expected_persons``
+    (optional public number of persons; else a DP count on 2% of the persons).
+    """
+
+    scale: float | None = None
+    k: float | None = None
+    range_bound: float | None = None
+    coarse_fraction: float = 0.25
+    exponent_range: tuple[int, int] = (-40, 60)
+    scales: tuple[float, ...] | None = None
+    records_iid: bool = False
+    expected_persons: float | None = None
+
+    @field_validator("scales")
+    @classmethod
+    def _scales(cls, v: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if v is not None and (len(v) == 0 or any(not math.isfinite(x) or x <= 0 for x in v)):
+            raise ValueError(f"must be one finite value > 0 per column, in data units (got {list(v)})")
+        return v
+
+    @field_validator("expected_persons")
+    @classmethod
+    def _persons(cls, v: float | None) -> float | None:
+        if v is not None and (not math.isfinite(v) or v < 1):
+            raise ValueError(f"must be a public number of persons >= 1 (got {v!r})")
+        return v
+
+    @field_validator("scale")
+    @classmethod
+    def _scale(cls, v: float | None) -> float | None:
+        if v is not None and (not math.isfinite(v) or v <= 0):
+            raise ValueError(f"must be finite and > 0, in data units (got {v!r})")
+        return v
+
+    @field_validator("exponent_range")
+    @classmethod
+    def _exp(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if not (-1000 < v[0] < v[1] < 997):
+            raise ValueError(f"must be [lo, hi] with -1000 < lo < hi < 997 (got {list(v)})")
+        return v
+
+    @field_validator("k")
+    @classmethod
+    def _k(cls, v: float | None) -> float | None:
+        if v is not None and (math.isnan(v) or v < 2):
+            raise ValueError(f"must be >= 2 or .inf (got {v!r})")
+        return v
+
+    @field_validator("range_bound")
+    @classmethod
+    def _r(cls, v: float | None) -> float | None:
+        if v is not None and (not math.isfinite(v) or v <= 0):
+            raise ValueError(f"must be finite and > 0 (got {v!r})")
+        return v
+
+    @field_validator("coarse_fraction")
+    @classmethod
+    def _cf(cls, v: float) -> float:
+        if not (0.05 <= v <= 0.95):
+            raise ValueError(f"must be in [0.05, 0.95] (got {v!r})")
+        return v
+
+
+class MeanStatistic(StatisticConfigBase):
+    """One ``kind: mean`` statistic: exactly one numeric column."""
+
+    kind: Literal["mean"]
+    options: MeanOptions = MeanOptions()
+
+    @model_validator(mode="after")
+    def _one_column(self) -> "MeanStatistic":
+        o = self.options
+        if len(self.columns) != 1:
+            raise ValueError(
+                f"kind 'mean' takes exactly one column (got {list(self.columns)}); "
+                "list one statistic per column, or use kind 'multivariate_mean'"
+            )
+        for f in ("scales", "expected_persons"):
+            if getattr(o, f) is not None:
+                raise ValueError(f"options.{f} is for kind 'multivariate_mean' (kind 'mean' takes options.scale)")
+        if o.records_iid:
+            raise ValueError("options.records_iid is for kind 'multivariate_mean'")
+        return self
+
+
+class MeanKind(StatisticKind):
+    config_model = MeanStatistic
+
+    def check_job(self, stat: MeanStatistic, cfg) -> None:
+        if cfg.budget.delta == 0 and stat.options.scale is not None and stat.options.range_bound is None:
+            raise ValueError(
+                f"statistic {stat.name!r}: budget.delta = 0 (pure DP) with a declared options.scale "
+                "needs options.range_bound (or drop options.scale for the scale-free estimator)"
+            )
+
+    def plan(self, stat: MeanStatistic, cfg):
+        opts = stat.options
+        if opts.scale is None:
+            return ScaleFreeMeanPlan(budget=stat.budget(cfg), k=opts.k, exponent_range=opts.exponent_range)
+        return UnivariateMeanPlan(
+            budget=stat.budget(cfg),
+            scale=opts.scale,
+            k=4.0 if opts.k is None else opts.k,
+            m=1,
+            range_bound=opts.range_bound,
+            budget_mode=cfg.budget.budget_mode,
+            coarse_fraction=opts.coarse_fraction,
+        )
+
+    def describe(self, name: str, plan) -> str:
+        if isinstance(plan, UnivariateMeanPlan):
+            return (f"  {name}: declared scale {plan.scale:g}: bin width r={plan.bin_width:.4g}, "
+                    f"coarse error bound u={plan.coarse_error_bound:.4g}, k={plan.k:g}")
+        cap = "" if plan.k is None else f", tail nu capped at k={plan.k:g}"
+        return (f"  {name}: scale-free (range, centre and radius found privately; every stage on all "
+                f"persons, sequential: 4% range [+20% retry on small data], 4% centre, 10% profile, "
+                f"the rest to clip-and-noise){cap}")
+
+    def run(self, stat: MeanStatistic, plan, ctx: RunContext) -> Release:
+        column = stat.columns[0]
+        prefix = f"{stat.name}: "
+        if isinstance(plan, ScaleFreeMeanPlan):
+            rel = scale_free_person_mean(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, prefix)
+            algorithm, version = SF_ALGORITHM, SF_VERSION
+        else:
+            rel = univariate_person_mean(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, prefix)
+            algorithm, version = ALGORITHM, ALGORITHM_VERSION
+        return Release.of(rel, estimand=ESTIMAND_MEAN.format(col=column), algorithm=algorithm,
+                          algorithm_version=version, estimate_shape=[1], parameters=ctx.summary_extras())
+
+
+KIND = MeanKind()
