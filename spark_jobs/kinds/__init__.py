@@ -13,7 +13,7 @@ from typing import Annotated, Union
 
 from pydantic import Field
 
-from spark_jobs.kinds import bhs23, count, covariance, distribution, mean, multivariate_mean
+from spark_jobs.kinds import bhs23, count, covariance, distribution, mean, multivariate_mean, quantile
 from spark_jobs.kinds.base import Release, RunContext, StatisticConfigBase, StatisticKind
 
 #: Every statistic kind, in the order the docs list them.
@@ -25,6 +25,7 @@ REGISTRY: tuple[StatisticKind, ...] = (
     bhs23.MEAN_AFFINE,
     bhs23.GAUSSIAN,
     count.KIND,
+    quantile.KIND,
 )
 
 #: YAML ``kind`` value -> its kind.

@@ -40,8 +40,9 @@ def dist(estimator, **opts):
 
 # job -> (budget (epsilon, delta), {statistic name: statistic}); shares are equal
 JOBS = {
-    "pure": ((6.0, 0.0), {
+    "pure": ((7.0, 0.0), {
         "count": {"kind": "count", "columns": ["x"]},
+        "median": {"kind": "quantile", "columns": ["x"], "options": {"q": 0.5}},
         "mean_scale_free": {"kind": "mean", "columns": ["x"], "options": {"k": 4}},
         "mean_with_scale": {"kind": "mean", "columns": ["x"], "options": {"scale": 2.0, "range_bound": 100.0}},
         "dist_P0": dist("P0"),
@@ -63,7 +64,7 @@ JOBS = {
         "gaussian": {"kind": "gaussian", "columns": ["x", "y"], "options": {"lambda0": 10.0}},
     }),
 }
-STATUSES = {"count": {"OK"}, "mean": {"OK"}, "multivariate_mean": {"OK"}, "distribution": {"OK"},
+STATUSES = {"count": {"OK"}, "quantile": {"OK"}, "mean": {"OK"}, "multivariate_mean": {"OK"}, "distribution": {"OK"},
             "mean_affine": {"OK", "FAIL"}, "covariance": {"OK", "FAIL"}, "gaussian": {"OK", "FAIL"}}
 
 
@@ -98,11 +99,16 @@ def config(path, out, job):
     })
 
 
+MEDIAN_X = 5.0  # the person means' median is within 0.1 of 5 at 1,000 persons (sd 2 / sqrt(1000) ~ 0.08)
+
+
 def check_estimate(kind, est, mean_truth):
     """Shape, finiteness and a loose distance to the exact dataset statistic."""
     assert np.all(np.isfinite(est))
     if kind == "count":  # Laplace scale ~1.2 persons at this share: 30 is > 20 scales
         assert est.shape == (1,) and abs(est[0] - N_PERSONS) <= 30 and est[0] == round(est[0])
+    elif kind == "quantile":  # the median of the person means of x (~N(5, 2^2 + 1/10))
+        assert est.shape == (1,) and abs(est[0] - MEDIAN_X) <= 0.5
     elif kind == "mean":
         assert est.shape == (1,) and abs(est[0] - mean_truth[0]) <= 0.5
     elif kind in ("multivariate_mean", "mean_affine"):

@@ -18,7 +18,7 @@ from spark_jobs.kinds import BY_NAME, REGISTRY, kind_of
 from spark_jobs.kinds.base import StatisticConfigBase, StatisticKind
 
 ROOT = Path(__file__).resolve().parents[2]
-YAML_KINDS = {"mean", "multivariate_mean", "distribution", "covariance", "mean_affine", "gaussian", "count"}
+YAML_KINDS = {"mean", "multivariate_mean", "distribution", "covariance", "mean_affine", "gaussian", "count", "quantile"}
 
 
 def base(stats, delta=1e-6):

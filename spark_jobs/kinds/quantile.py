@@ -1,0 +1,70 @@
+"""``kind: quantile`` — a quantile (``options.q``, default the median) of the person means of one
+numeric column, without a user range (:mod:`dplib.quantile`: the exponential mechanism over
+log-magnitude bins, coarse then fine; pure epsilon-DP)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import field_validator, model_validator
+
+from dplib.errors import InvalidParameterError
+from dplib.quantile import ALGORITHM, ALGORITHM_VERSION, QuantilePlan, check_exponent_range, person_quantile
+from spark_jobs.kinds.base import Frozen, Release, RunContext, StatisticConfigBase, StatisticKind
+
+ESTIMAND_QUANTILE = "the {q:g}-quantile over persons of each person's mean of {col} (persons weighted equally)"
+
+
+class QuantileOptions(Frozen):
+    """``q``: the quantile level in (0, 1) (default 0.5, the median). ``exponent_range``: binary
+    exponents ``[lo, hi]`` of the magnitudes the answer is searched in (default [-40, 60])."""
+
+    q: float = 0.5
+    exponent_range: tuple[int, int] = (-40, 60)
+
+    @field_validator("q")
+    @classmethod
+    def _q(cls, v: float) -> float:
+        if not 0.0 < v < 1.0:
+            raise ValueError(f"must be in (0, 1) (got {v!r})")
+        return v
+
+    @field_validator("exponent_range")
+    @classmethod
+    def _exp(cls, v: tuple[int, int]) -> tuple[int, int]:
+        try:
+            return check_exponent_range(v)
+        except InvalidParameterError as err:
+            raise ValueError(str(err)) from err
+
+
+class QuantileStatistic(StatisticConfigBase):
+    kind: Literal["quantile"]
+    options: QuantileOptions = QuantileOptions()
+
+    @model_validator(mode="after")
+    def _one_column(self) -> "QuantileStatistic":
+        if len(self.columns) != 1:
+            raise ValueError(f"kind 'quantile' takes exactly one column (got {list(self.columns)})")
+        return self
+
+
+class QuantileKind(StatisticKind):
+    config_model = QuantileStatistic
+
+    def plan(self, stat, cfg):
+        return QuantilePlan(budget=stat.budget(cfg), q=stat.options.q, exponent_range=stat.options.exponent_range)
+
+    def describe(self, name: str, plan) -> str:
+        return (f"  {name}: {plan.q:g}-quantile of the person means, no user range: a Laplace count (5%), then the "
+                "exponential mechanism over log-magnitude bins, coarse (35%) and fine (60%); pure epsilon")
+
+    def run(self, stat, plan, ctx: RunContext) -> Release:
+        column = stat.columns[0]
+        rel = person_quantile(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, f"{stat.name}: ",
+                              ctx.prepared.get(stat.name))
+        return Release.of(rel, estimand=ESTIMAND_QUANTILE.format(q=plan.q, col=column), algorithm=ALGORITHM,
+                          algorithm_version=ALGORITHM_VERSION, estimate_shape=[1], parameters=ctx.summary_extras())
+
+
+KIND = QuantileKind()
