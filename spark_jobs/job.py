@@ -30,9 +30,9 @@ from dplib.groups import new_salt
 from dplib.mechanisms import NoiseSource, production_noise
 from spark_jobs import __version__
 from spark_jobs.config import JobConfig
-from spark_jobs.ledger import Ledger
-from spark_jobs.query import read_delta
+from spark_jobs.delta import read_delta
 from spark_jobs.kinds import Release, RunContext, StatisticConfigBase, kind_of
+from spark_jobs.ledger import Ledger
 from spark_jobs.paths import absolute
 from spark_jobs.release import ReleaseRow, to_json
 

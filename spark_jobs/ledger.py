@@ -41,6 +41,7 @@ import pyarrow as pa
 
 from dplib.budget import REL_TOL, Budget
 from dplib.errors import BudgetExceededError, ConfigError, DPError
+from spark_jobs.delta import scan_table
 
 
 class LedgerBusyError(DPError):
@@ -165,13 +166,9 @@ class Ledger:
         t = table if table is not None else self._table()
         if t is None:
             return []
-        uris = t.file_uris()
-        if not uris:
-            return []
-        import pyarrow.dataset as ds
-
-        # pyarrow reads the live files delta-rs lists (see spark_jobs.query.read_delta)
-        return ds.dataset(uris, format="parquet", schema=LEDGER_SCHEMA).to_table().to_pylist()
+        # delta-rs's own scan of this snapshot: deletion vectors and column mapping honoured
+        # (spark_jobs.delta.read_delta)
+        return scan_table(t).select(LEDGER_SCHEMA.names).cast(LEDGER_SCHEMA).to_pylist()
 
     def population(self, name: str, table=None) -> PopulationBudget | None:
         """The population's limit and spent budget, or None.

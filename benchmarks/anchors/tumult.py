@@ -62,8 +62,9 @@ def setup() -> int:
 class TumultJobs:
     """Collects (cell, seed, bounds) jobs; ``run`` answers all of them with one worker process."""
 
-    def __init__(self, epsilon: float) -> None:
+    def __init__(self, epsilon: float, quantile: float | None = None) -> None:
         self.epsilon = epsilon
+        self.quantile = quantile  # None: average; else Tumult's quantile at this level
         self.keys: list[tuple] = []
         self.values: list[np.ndarray] = []
         self.affine: list[tuple[float, float]] = []
@@ -85,8 +86,9 @@ class TumultJobs:
         with tempfile.TemporaryDirectory(prefix="anchors-tumult-") as tmp:
             src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.json"
             job = np.concatenate([np.full(v.size, i, dtype=np.int64) for i, v in enumerate(self.values)])
+            extra = {} if self.quantile is None else {"quantile": np.float64(self.quantile)}
             np.savez(src, job=job, value=np.concatenate(self.values), jobs=np.arange(len(self.keys)),
-                     epsilon=np.float64(self.epsilon))
+                     epsilon=np.float64(self.epsilon), **extra)
             env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_HOME", "PYTHONPATH"))}
             log = open(log_path, "w") if log_path else subprocess.DEVNULL
             try:

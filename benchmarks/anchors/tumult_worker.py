@@ -6,7 +6,8 @@ Not imported by the rest of the benchmark: ``tumult.py`` starts it as a subproce
 
 IN.npz holds one row per (job, person): ``job`` (int64), ``value`` (float64, the person's mean mapped
 affinely so the job's clamping bounds become [0, 1]), ``jobs`` (the public list of job keys) and
-``epsilon``. A job is one (cell, seed, bounds) release.
+``epsilon``; optional ``quantile`` (a level q: ``quantile(value, q, low=0, high=1)`` instead of
+``average``). A job is one (cell, seed, bounds) release.
 
 Every job is answered by ONE Tumult query: ``Session.from_dataframe(..., protected_change=
 AddRowsWithID("id"))`` over all rows (ids are distinct across jobs, so each person-row of a job is
@@ -78,12 +79,12 @@ def main(argv: list[str]) -> int:
         dataframe=df,
         protected_change=AddRowsWithID("id"),
     )
-    query = (
-        QueryBuilder("persons")
-        .enforce(MaxRowsPerID(1))
-        .groupby(KeySet.from_dict({"job": jobs}))
-        .average("value", low=0.0, high=1.0, name="avg", mechanism="laplace")
-    )
+    grouped = QueryBuilder("persons").enforce(MaxRowsPerID(1)).groupby(KeySet.from_dict({"job": jobs}))
+    q = float(z["quantile"]) if "quantile" in z.files else None
+    if q is None:
+        query = grouped.average("value", low=0.0, high=1.0, name="avg", mechanism="laplace")
+    else:  # quantiles are affine-equivariant too (Tumult: the exponential mechanism over the clamped data)
+        query = grouped.quantile("value", q, low=0.0, high=1.0, name="avg")
     ans = sess.evaluate(query, PureDPBudget(eps)).toPandas()
     t2 = time.time()
     est = {}

@@ -57,7 +57,7 @@ class QuantileKind(StatisticKind):
 
     def describe(self, name: str, plan) -> str:
         return (f"  {name}: {plan.q:g}-quantile of the person means, no user range: a Laplace count (5%), then the "
-                "exponential mechanism over log-magnitude bins, coarse (35%) and fine (60%); pure epsilon")
+                "exponential mechanism over log-magnitude bins, coarse (25%) and fine (70%); pure epsilon")
 
     def run(self, stat, plan, ctx: RunContext) -> Release:
         column = stat.columns[0]
