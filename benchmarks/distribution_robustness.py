@@ -60,7 +60,8 @@ import numpy as np
 
 from dplib.budget import Budget
 from dplib.distribution.batches import NumpyBatches
-from dplib.distribution.private import DistributionPlan, private_distribution, project_to_simplex
+from dplib.distribution.private import DistributionPlan, private_distribution
+from dplib.distribution.simplex import project_to_simplex
 from dplib.distribution.frc import ccp_search
 from dplib.distribution.robust import STATUS_OVERTRIM, SolverError, subset_filter
 from dplib.mechanisms.noise import SeededNoise

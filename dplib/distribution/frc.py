@@ -42,8 +42,8 @@ from typing import Literal, Mapping, Sequence
 import numpy as np
 
 from dplib.distribution.batches import check_batch_size
-from dplib.distribution.private import project_to_simplex
 from dplib.distribution.robust import STATUS_OK, STATUS_OVERTRIM, SolverError, histogram_arrays, sigma_matrix
+from dplib.distribution.simplex import project_to_simplex
 from dplib.errors import InvalidParameterError
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ class FRC:
         """The parametrised cvxpy problem at trace budget ``tau`` (compiled once, cached)."""
         if tau in self._problems:
             return self._problems[tau]
-        import cvxpy as cp  # heavy import, only here
+        import cvxpy as cp  # lazy: a ~2 s import that only the solves need
 
         D, k, y, a = self.y.shape[0], self.k, self.y, self.a
         yy = np.einsum("gi,gj->gij", y, y).reshape(D, k * k)
@@ -240,7 +240,7 @@ class FRC:
         return self._problems[tau]
 
     def _run(self, nu: np.ndarray, tau: float, solver: str, warm_start: bool = True):
-        import cvxpy as cp
+        import cvxpy as cp  # lazy: as in _problem
 
         prob, p_nu, p_nunu, p_sig, om, lam, cons = self._problem(tau)
         p_nu.value, p_nunu.value, p_sig.value = nu, np.outer(nu, nu), sigma_matrix(nu, self.m)
@@ -587,7 +587,7 @@ def ccp_search(
     -------
     None (non-private library function).
     """
-    import cvxpy as cp
+    import cvxpy as cp  # lazy: a ~2 s import that only the solves need
 
     m = check_batch_size(m)
     _check_rates(eta, omega, beta)

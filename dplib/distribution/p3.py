@@ -55,9 +55,14 @@ from typing import Mapping
 import numpy as np
 
 from dplib.distribution.frc import FRC, tau_cov
-from dplib.distribution.private import P3_DEFAULT_CLOSENESS_RADIUS
 from dplib.errors import InvalidParameterError
+from dplib.fixed_n import pad_histogram, release_lower_bound
 from dplib.mechanisms import ExponentialMechanism, NoiseSource, exponential_mechanism_probabilities, inflate
+
+#: P3's stages (charge names): the DP person count n0, then the exponential mechanism. The plan
+#: (:class:`dplib.distribution.private.DistributionPlan`) names its stages with these.
+STAGE_COUNT = "person count (n0)"
+STAGE_P3 = "P3 exponential mechanism"
 
 #: Largest k P3 accepts (spec §3.7: feasible for k <= 4-5).
 MAX_K = 5
@@ -68,8 +73,11 @@ SANDWICH_GAP = 0.01
 #: Largest eta_priv (spec §5: eta_abs = 0.05) and the constant of its rule.
 ETA_PRIV_MAX = 0.05
 ETA_PRIV_CONSTANT = 1.5
-#: Default closeness radius (l1) of the neighbourhood minimum (defined beside the plan).
-DEFAULT_CLOSENESS_RADIUS = P3_DEFAULT_CLOSENESS_RADIUS
+#: Default closeness radius (l1) of the score's neighbourhood minimum: 0, none (the plan's
+#: default too). The paper's radius alpha flattens the score on an alpha-ball (output ~uniform on
+#: it, TV ~alpha/2 = 0.03 at k = 3); radius 0 was the most accurate in benchmarks/p3_vs_p0.py
+#: (benchmarks/README.md).
+DEFAULT_CLOSENESS_RADIUS = 0.0
 #: Largest number of persons P3 scores (``n = min(n0, MAX_PERSONS)``, public). The certified
 #: bracket's width in batch units is about 1.2e-7 n (k = 3, m = 10; measured up to n = 5e4), so
 #: g = 0.01 fails for every grid point from ~8e4 persons on; 2e4 keeps a 4x margin. Far below
@@ -242,8 +250,6 @@ def p3_exponential_mechanism(epsilon: float, noise: NoiseSource, gap: float = SA
 def p3_mechanism(plan, noise: NoiseSource) -> ExponentialMechanism:
     """:func:`p3_exponential_mechanism` at the plan's mechanism budget and :data:`SANDWICH_GAP`
     (what :func:`p3_release` draws with); a pure function of the public plan."""
-    from dplib.distribution.private import STAGE_P3
-
     return p3_exponential_mechanism(plan.stage_budgets[STAGE_P3].epsilon, noise, SANDWICH_GAP)
 
 
@@ -332,9 +338,6 @@ def p3_histogram(backend, plan, noise: NoiseSource, charge) -> tuple[dict, int, 
     (histogram {count vector: persons} summing to n (non-private, for the mechanism only), n
     (DP or, in the benchmark mode, the exact count), release parameters (DP values only))
     """
-    from dplib.distribution.private import STAGE_COUNT, STAGE_P3
-    from dplib.fixed_n import pad_histogram, release_lower_bound
-
     k, m, group = plan.k, plan.m, plan.group
     params: dict = {"p3_n_mode": plan.p3_n_mode}
     if plan.p3_n_mode == "public_as_in_paper":
@@ -385,8 +388,6 @@ def p3_release(backend, plan, noise: NoiseSource, charge,
     selected multiset changes by one substitution (:mod:`dplib.fixed_n`), and the mechanism is
     epsilon_em-DP under substitution with n fixed (module docstring, spec §0.0, §3.7).
     """
-    from dplib.distribution.private import STAGE_P3
-
     if mechanism is None:
         mechanism = p3_mechanism(plan, noise)
     elif (mechanism.epsilon, mechanism.sensitivity, mechanism.noise) != (

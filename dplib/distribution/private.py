@@ -66,9 +66,18 @@ from dplib.distribution.batches import (
     clipped_sum_l1_sensitivity,
     clipped_sum_l2_sensitivity,
 )
+from dplib.distribution.p3 import (
+    DEFAULT_CLOSENESS_RADIUS,
+    STAGE_COUNT,
+    STAGE_P3,
+    p3_mechanism,
+    p3_release,
+    p3_setup,
+)
+from dplib.distribution.simplex import bounded, floored_count, project_to_simplex
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
-from dplib.mechanisms import EXACT_BOUND, NoiseSource, clamp_exact, gaussian_sigma, inflate, laplace_mechanism
+from dplib.mechanisms import NoiseSource, clamp_exact, gaussian_sigma, inflate, laplace_mechanism
 
 #: The analytic-Gaussian calibration (dp_accounting, ~0.1 s) is a pure function of public
 #: values: cache it.
@@ -92,10 +101,6 @@ P3_COUNT_EPSILON_SHARE = 0.1
 #: P3's default accuracy target alpha (l1): G = ceil(2k / alpha) (k = 3: G = 100, spec §3.7) and
 #: eta_priv (spec §5).
 P3_DEFAULT_ALPHA = 0.06
-#: P3's default closeness radius (l1) of the score's neighbourhood minimum: 0, none. The spec's
-#: radius alpha flattens the score on an alpha-ball (output ~uniform on it, TV ~alpha/2 = 0.03
-#: at k = 3); radius 0 was the most accurate in benchmarks/p3_vs_p0.py (benchmarks/README.md).
-P3_DEFAULT_CLOSENESS_RADIUS = 0.0
 STATUS_OK = "OK"
 ERROR_LEVEL = 0.9
 #: Weight of the count released beside the clipped sum: ``(S, w n)``, ``w = COUNT_WEIGHT * rho``.
@@ -106,68 +111,11 @@ CENTER_FRACTION = 0.25
 CENTER_EPSILON_SHARE = 0.25
 #: Constant of the P2 radius (spec §5: rho_2 = 3 / sqrt(m) + r_c).
 P2_RADIUS_CONSTANT = 3.0
-#: Bound (persons units) on each coordinate summed into a DP person count (post-processing; any
-#: real count is far below it, and up to 10^8 clamped coordinates cannot overflow a float).
-COUNT_BOUND = 1e300
 
 STAGE_POOLED = "pooled laplace"
 STAGE_CENTER = "centre (pooled laplace)"
 STAGE_CLIP_L1 = "l1-clipped sum"
 STAGE_CLIP_L2 = "l2-clipped sum"
-STAGE_COUNT = "person count (n0)"
-STAGE_P3 = "P3 exponential mechanism"
-
-
-def _floored_count(noisy_count: float) -> float:
-    """A DP person count as a denominator: clamped into ``[1, COUNT_BOUND]`` (NaN to 1), a
-    fixed total map (post-processing)."""
-    return float(np.clip(np.nan_to_num(float(noisy_count), nan=1.0, posinf=COUNT_BOUND, neginf=1.0), 1.0, COUNT_BOUND))
-
-
-def _bounded(values: np.ndarray) -> np.ndarray:
-    """DP values clamped into ``[-COUNT_BOUND, COUNT_BOUND]`` (NaN to 0; post-processing)."""
-    v = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0, posinf=COUNT_BOUND, neginf=-COUNT_BOUND)
-    return np.clip(v, -COUNT_BOUND, COUNT_BOUND)
-
-
-def project_to_simplex(values: np.ndarray) -> np.ndarray:
-    """l1-nearest point of the probability simplex: ``max(v, 0) / sum(max(v, 0))``.
-
-    Parameters
-    ----------
-    values : ndarray (k,)
-        Any float vector (e.g. a noisy sum of per-person distributions; the map is scale-free).
-
-    Returns
-    -------
-    ndarray (k,), non-negative, summing to 1 (uniform when no entry is positive).
-
-    Raises
-    ------
-    InvalidParameterError
-        ``values`` is not a non-empty vector (its shape is public; its values never refused).
-
-    Notes
-    -----
-    Total on every float vector, so that no DP output can make a release fail after its
-    charge: NaN counts as 0, +inf as ``EXACT_BOUND`` (every +inf entry then shares the mass
-    equally), and the positive part is divided by its largest entry before it is summed
-    (no overflow).
-
-    References
-    ----------
-    Spec §8 #9 (the paper's Pi of Lemma 4.4).
-    """
-    v = np.asarray(values, dtype=np.float64)
-    if v.ndim != 1 or v.size < 1:
-        raise InvalidParameterError("values must be a non-empty vector")
-    p = np.maximum(np.nan_to_num(v, nan=0.0, posinf=EXACT_BOUND, neginf=0.0), 0.0)
-    top = float(p.max())
-    if not top > 0.0:
-        return np.full(v.size, 1.0 / v.size)
-    p = p / top
-    p = p / math.fsum(p)
-    return p / math.fsum(p)  # one more pass: the sum is 1 to within an ulp or two
 
 
 def _check_unit_interval(value: object, name: str, lo: float, hi: float, allow_none: bool = True) -> float | None:
@@ -239,7 +187,7 @@ class DistributionPlan:
     alpha: float = P3_DEFAULT_ALPHA
     grid_resolution: int | None = None
     p3_n_mode: Literal["dp_lower_bound", "public_as_in_paper"] = "dp_lower_bound"
-    closeness_radius: float = P3_DEFAULT_CLOSENESS_RADIUS
+    closeness_radius: float = DEFAULT_CLOSENESS_RADIUS
     p3_count_share: float = P3_COUNT_EPSILON_SHARE
 
     def __post_init__(self) -> None:
@@ -260,8 +208,6 @@ class DistributionPlan:
         if self.p3_n_mode not in P3_N_MODES:
             raise InvalidParameterError(f"p3_n_mode must be one of {P3_N_MODES}, got {self.p3_n_mode!r}")
         if self.estimator == "P3":
-            from dplib.distribution.p3 import p3_setup
-
             if self.beta >= 0.5:
                 raise InvalidParameterError(f"beta must be < 0.5 for P3 (lower bound n0), got {self.beta!r}")
             object.__setattr__(
@@ -328,8 +274,6 @@ class DistributionPlan:
             The noise source cannot run a mechanism of the plan.
         """
         if self.estimator == "P3":
-            from dplib.distribution.p3 import p3_mechanism
-
             return {STAGE_P3: p3_mechanism(self, noise)}
         return {}
 
@@ -376,7 +320,7 @@ class PooledRelease:
     def noisy_count(self) -> float:
         """``sum_j noisy_sum_j``: a DP estimate of the persons (post-processing). Total: each
         entry is first clamped to ``+-COUNT_BOUND`` (NaN to 0), so the sum never overflows."""
-        return float(math.fsum(_bounded(self.noisy_sum)))
+        return float(math.fsum(bounded(self.noisy_sum)))
 
 
 def pooled_laplace(backend: BatchAggregates, group: GroupRange, epsilon: float, noise: NoiseSource) -> PooledRelease:
@@ -588,8 +532,6 @@ def private_distribution(
         accountant.charge(c.stage, c.budget, c.group)
 
     if plan.estimator == "P3":
-        from dplib.distribution.p3 import p3_release
-
         estimate, p3_params = p3_release(backend, plan, noise, charge, prepared.get(STAGE_P3))
         params.update(p3_params)
         eps, delta = composed_cost(accountant.charges[start:])
@@ -600,7 +542,7 @@ def private_distribution(
         charge(STAGE_POOLED)
         rel = pooled_laplace(backend, groups[STAGE_POOLED], budgets[STAGE_POOLED].epsilon, noise)
         estimate = project_to_simplex(rel.noisy_sum)
-        n_hat = _floored_count(rel.noisy_count)
+        n_hat = floored_count(rel.noisy_count)
         scale = rel.scale
         error_bar = np.full(k, scale * math.log(1.0 / (1.0 - ERROR_LEVEL)) / n_hat)
         params.update({"noisy_person_count": round(rel.noisy_count, 1), "laplace_scale_of_sum": scale})
@@ -613,7 +555,7 @@ def private_distribution(
         charge(center_stage)
         c_rel = pooled_laplace(backend, groups[center_stage], budgets[center_stage].epsilon, noise)
         center = project_to_simplex(c_rel.noisy_sum)
-        n_c = _floored_count(c_rel.noisy_count)
+        n_c = floored_count(c_rel.noisy_count)
         n_hat = n_c * plan.group.fraction / groups[center_stage].fraction
         r_c = center_error_bound(n_c, k, m, c_rel.scale, plan.beta)
         if plan.estimator == "P1":
@@ -622,8 +564,8 @@ def private_distribution(
             radius, norm = p2_radius(m, r_c), "l2"
         charge(final_stage)
         f_rel = clipped_release(backend, center, radius, norm, groups[final_stage], budgets[final_stage], noise)
-        denom = _floored_count(f_rel.noisy_count)
-        estimate = project_to_simplex(center + _bounded(f_rel.noisy_sum) / denom)
+        denom = floored_count(f_rel.noisy_count)
+        estimate = project_to_simplex(center + bounded(f_rel.noisy_sum) / denom)
         scale = f_rel.scale
         q = math.log(1.0 / (1.0 - ERROR_LEVEL)) if norm == "l1" else 1.6448536269514722
         error_bar = np.full(k, q * scale / denom)

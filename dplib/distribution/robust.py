@@ -33,7 +33,7 @@ from typing import Literal, Mapping
 import numpy as np
 
 from dplib.distribution.batches import check_batch_size
-from dplib.distribution.private import project_to_simplex
+from dplib.distribution.simplex import project_to_simplex
 from dplib.errors import DPError, InvalidParameterError
 
 #: Largest k for which :func:`max_subset_quadratic` enumerates all 2^k subsets (spec §2.6a).
@@ -133,7 +133,7 @@ def _elliptope_sdp(mat: np.ndarray) -> tuple[float, np.ndarray]:
     the eigenvalue computation's own rounding) to every entry, so the bound does not rely on the
     solver's tolerance: ``x^T mat x <= x^T Diag(lambda) x = sum(lambda)`` for every sign vector.
     """
-    import cvxpy as cp  # heavy import, only on this path
+    import cvxpy as cp  # lazy: a ~2 s import that only the solves need
 
     p = mat.shape[0]
     lam = cp.Variable(p)

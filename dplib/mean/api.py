@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Sequence
 
 import numpy as np
@@ -23,8 +24,6 @@ NULL_IDS = ("", "NA", "null", "NULL", "None")
 def normalize_id(pid: object) -> str:
     """The normalised form of a person id (config ``privacy_unit.normalize``): Unicode NFC, case
     folded, surrounding whitespace of any kind stripped. The same function runs in the Spark job."""
-    import unicodedata
-
     return unicodedata.normalize("NFC", str(pid)).casefold().strip()
 
 

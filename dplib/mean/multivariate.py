@@ -120,7 +120,7 @@ def coordinate_budget(epsilon: float, delta: float, d: int) -> tuple[float, floa
     basic = (b.epsilon / d, b.delta / d)
     if d == 1 or b.delta == 0.0:
         return basic
-    from dp_accounting.pld import accountant, common
+    from dp_accounting.pld import accountant, common  # lazy: a ~2 s import; pure-DP paths never need it
 
     per_delta = b.delta / (2 * d)
     try:

@@ -28,6 +28,7 @@ import functools
 import math
 
 import numpy as np
+import opendp.prelude as dp
 
 from dplib.errors import InvalidParameterError
 from dplib.mechanisms.noise import NoiseSource
@@ -101,8 +102,6 @@ def _opendp_gumbel_max(integer_scores: bool, scale: float):
     The float domain must be declared non-NaN: OpenDP's ``make_noisy_max`` refuses a float
     domain that admits NaN ("input_domain elements must be non-nan"), which is what made every
     P3 release with the secure source fail after its budget was charged (issue 19)."""
-    import opendp.prelude as dp
-
     dp.enable_features("contrib")
     if integer_scores:
         space = dp.vector_domain(dp.atom_domain(T="i64")), dp.linf_distance(T="i64")
