@@ -39,7 +39,7 @@ from dplib.aggregates import VALUE_BOUND, NumpyAggregates
 from dplib.budget import Accountant, Budget, Charge
 from dplib.errors import InvalidParameterError
 from dplib.groups import HASH_SPACE, GroupRange
-from dplib.mechanisms.exponential import exponential_mechanism_probabilities, sample_exponential_mechanism  # noqa: F401
+from dplib.mechanisms.exponential import sample_exponential_mechanism
 from dplib.mean.params import bin_width_constant, check_moment_order, check_positive, check_records_per_person
 from dplib.mean.univariate import STATUS_OK, UnivariateMeanPlan, univariate_person_mean
 
@@ -423,10 +423,6 @@ def _score_checked(Y, p, alpha, rho, K, labels, box) -> int:
         if best == 0:
             break
     return best
-
-
-# ----- exponential mechanism -----------------------------------------------------------------
-# Moved to dplib.mechanisms.exponential (shared with P3); re-exported here by the import above.
 
 
 # ----- Algorithm 7 -------------------------------------------------------------------------
