@@ -61,7 +61,7 @@ from dplib.covariance.params import (
 )
 from dplib.covariance.private import STATUS_FAIL, BHSRelease, Diagnostics, Outcome, private_covariance, private_gaussian, private_mean
 from dplib.errors import ConfigError, InputDataError, InvalidParameterError
-from dplib.fixed_n import release_lower_bound
+from dplib.fixed_n import check_beta, release_lower_bound
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mechanisms.noise import NoiseSource
 
@@ -177,8 +177,7 @@ class PersonBHSPlan:
             raise InvalidParameterError(f"kind must be one of {sorted(KINDS)}, got {self.kind!r}")
         if not isinstance(self.budget, Budget):
             raise ConfigError("budget must be a dplib.budget.Budget")
-        if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not 0.0 < self.beta < 0.5:
-            raise InvalidParameterError(f"beta must be in (0, 0.5), got {self.beta!r}")
+        check_beta(self.beta)
         if isinstance(self.d, bool) or not isinstance(self.d, int) or self.d < 1:
             raise InvalidParameterError(f"d must be an integer >= 1, got {self.d!r}")
         object.__setattr__(self, "dummy", tuple(float(v) for v in check_dummy(self.dummy, self.d)))

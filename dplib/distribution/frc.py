@@ -74,6 +74,26 @@ CERTIFY_SOLVERS = ("CLARABEL", "SCS")
 #: one succeeds never changes the guarantee S0 <= S_up <= S0 + g.
 CERTIFY_ATTEMPTS = tuple((solver, warm) for warm in (True, False) for solver in CERTIFY_SOLVERS)
 _EPS = float(np.finfo(np.float64).eps)
+#: Ranges of the certificate's rates, the inputs of :func:`tau_cov`: ``name -> (low, high, low
+#: end included)``, every range open at ``high``. The one declaration: P3's plan
+#: (:class:`dplib.distribution.private.DistributionPlan`) checks its eta and omega here.
+RATE_LIMITS = {"eta": (0.0, 0.5, False), "omega": (0.0, 1.0, True), "beta": (0.0, 1.0, False)}
+
+
+def check_rate(name: str, value) -> float:
+    """``value`` of the rate ``name`` ("eta", "omega" or "beta") inside :data:`RATE_LIMITS`,
+    as a float, else :class:`InvalidParameterError` naming it and its range."""
+    lo, hi, closed = RATE_LIMITS[name]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (ok and (lo <= value if closed else lo < value) and value < hi):
+        raise InvalidParameterError(f"{name} must be a number in {'[' if closed else '('}{lo:g}, {hi:g}), got {value!r}")
+    return float(value)
+
+
+def check_rates(eta: float, omega: float, beta: float) -> None:
+    """:func:`check_rate` of each of eta, omega and beta."""
+    for name, value in (("eta", eta), ("omega", omega), ("beta", beta)):
+        check_rate(name, value)
 
 
 def tau_cov(k: int, n: float, m: int, eta: float, omega: float = 0.0, beta: float = 0.05, C_tau: float = 2.0) -> float:
@@ -95,14 +115,12 @@ def tau_cov(k: int, n: float, m: int, eta: float, omega: float = 0.0, beta: floa
     checks = (
         (isinstance(k, (int, np.integer)) and k >= 2, "k", k),
         (isinstance(n, (int, float, np.integer)) and math.isfinite(n) and n >= 1, "n", n),
-        (isinstance(eta, (int, float)) and 0.0 < eta < 0.5, "eta", eta),
-        (isinstance(omega, (int, float)) and 0.0 <= omega < 1.0, "omega", omega),
-        (isinstance(beta, (int, float)) and 0.0 < beta < 1.0, "beta", beta),
         (isinstance(C_tau, (int, float)) and math.isfinite(C_tau) and C_tau > 0, "C_tau", C_tau),
     )
     for ok, name, value in checks:
         if not ok or isinstance(value, bool):
             raise InvalidParameterError(f"{name} out of range for tau_cov, got {value!r}")
+    check_rates(eta, omega, beta)
     return (
         C_tau * eta * math.log(1.0 / eta) / m
         + 2.0 * math.sqrt((k + math.log(1.0 / beta)) / n) / m
@@ -442,12 +460,6 @@ class FRCResult:
     status: Literal["OK", "OVERTRIM"]
 
 
-def _check_rates(eta: float, omega: float, beta: float) -> None:
-    for name, v, lo, hi in (("eta", eta, 0.0, 0.5), ("omega", omega, -1e-300, 1.0), ("beta", beta, 0.0, 1.0)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo < v < hi:
-            raise InvalidParameterError(f"{name} must be a number in ({max(lo, 0.0)}, {hi}), got {v!r}")
-
-
 def frc_min_discard(
     hist: Mapping[tuple[int, ...], int],
     m: int,
@@ -499,7 +511,7 @@ def frc_min_discard(
     O(eta_0 sqrt(ln(1/eta_0)/m)) (+ O(omega)) (spec §2.6b [DERIVED], the proof of Lemma 3.8).
     """
     m = check_batch_size(m)
-    _check_rates(eta, omega, beta)
+    check_rates(eta, omega, beta)
     counts, mult = histogram_arrays(hist, m)
     k, n = counts.shape[1], int(mult.sum())
     t = tau_cov(k, n, m, eta, omega, beta, C_tau) if tau is None else tau
@@ -590,7 +602,7 @@ def ccp_search(
     import cvxpy as cp  # lazy: a ~2 s import that only the solves need
 
     m = check_batch_size(m)
-    _check_rates(eta, omega, beta)
+    check_rates(eta, omega, beta)
     if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
         raise InvalidParameterError(f"max_iter must be an integer >= 1, got {max_iter!r}")
     if solver not in CERTIFY_SOLVERS:

@@ -85,6 +85,31 @@ DEFAULT_CLOSENESS_RADIUS = 0.0
 MAX_PERSONS = 20_000
 
 
+def check_alpha(alpha) -> float:
+    """P3's accuracy target alpha (l1), in ``(0, 2]`` (the one declaration), else
+    :class:`InvalidParameterError`."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 2.0:
+        raise InvalidParameterError(f"alpha must be in (0, 2], got {alpha!r}")
+    return float(alpha)
+
+
+def check_grid_resolution(G) -> int:
+    """P3's grid resolution G (grid points ``i / G``): an integer >= 1, else
+    :class:`InvalidParameterError`. (The number of grid points it gives at k is capped by
+    :data:`MAX_GRID_POINTS` in :func:`p3_setup`.)"""
+    if isinstance(G, bool) or not isinstance(G, int) or G < 1:
+        raise InvalidParameterError(f"grid_resolution must be an integer >= 1, got {G!r}")
+    return G
+
+
+def check_closeness_radius(r) -> float:
+    """P3's closeness radius (l1), a finite number in ``[0, 2]`` (0 = no neighbourhood
+    minimum), else :class:`InvalidParameterError`."""
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not (math.isfinite(r) and 0.0 <= r <= 2.0):
+        raise InvalidParameterError(f"closeness_radius must be a number in [0, 2] (l1; 0 = no minimum), got {r!r}")
+    return float(r)
+
+
 def grid_resolution(k: int, alpha: float) -> int:
     """Default grid resolution ``G = ceil(2k / alpha)`` (spec §3.7, §5)."""
     return int(math.ceil(2.0 * k / alpha - 1e-9))
@@ -302,23 +327,17 @@ def p3_setup(k: int, m: int, n: int, alpha: float, G: int | None, eta: float | N
     """
     if not 2 <= k <= MAX_K:
         raise InvalidParameterError(f"P3 needs k <= {MAX_K} categories (incl. OTHER), got k = {k}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 2.0:
-        raise InvalidParameterError(f"alpha must be in (0, 2], got {alpha!r}")
-    G = grid_resolution(k, alpha) if G is None else G
-    if isinstance(G, bool) or not isinstance(G, int) or G < 1:
-        raise InvalidParameterError(f"grid_resolution must be an integer >= 1, got {G!r}")
+    check_alpha(alpha)
+    G = check_grid_resolution(grid_resolution(k, alpha) if G is None else G)
     if grid_size(k, G) > MAX_GRID_POINTS:
         raise InvalidParameterError(
             f"grid_resolution {G} at k = {k} gives {grid_size(k, G)} grid points, more than {MAX_GRID_POINTS}: "
             "raise alpha or lower grid_resolution"
         )
-    r = closeness_radius
-    if isinstance(r, bool) or not isinstance(r, (int, float)) or not (math.isfinite(r) and 0.0 <= r <= 2.0):
-        raise InvalidParameterError(f"closeness_radius must be a number in [0, 2] (l1; 0 = no minimum), got {r!r}")
+    r = check_closeness_radius(closeness_radius)
     e = eta_priv(alpha, m) if eta is None else eta
     w = 0.0 if omega is None else omega
-    return P3Setup(k, m, int(n), G, float(alpha), float(e), float(w), float(beta), tau_cov(k, n, m, e, w, beta), gap,
-                   float(r))
+    return P3Setup(k, m, int(n), G, float(alpha), float(e), float(w), float(beta), tau_cov(k, n, m, e, w, beta), gap, r)
 
 
 def p3_histogram(backend, plan, noise: NoiseSource, charge) -> tuple[dict, int, dict]:

@@ -66,6 +66,7 @@ from dplib.distribution.batches import (
     clipped_sum_l1_sensitivity,
     clipped_sum_l2_sensitivity,
 )
+from dplib.distribution.frc import check_rate
 from dplib.distribution.p3 import (
     DEFAULT_CLOSENESS_RADIUS,
     STAGE_COUNT,
@@ -76,6 +77,7 @@ from dplib.distribution.p3 import (
 )
 from dplib.distribution.simplex import bounded, floored_count, project_to_simplex
 from dplib.errors import InvalidParameterError
+from dplib.fixed_n import check_beta
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mechanisms import NoiseSource, clamp_exact, gaussian_sigma, inflate, laplace_mechanism
 
@@ -96,8 +98,13 @@ ESTIMATOR_NAMES = {
 #: the only one the job uses), or the paper's assumption that n is public (benchmarks only: it
 #: is DP under replace-one with n public, **not** under add/remove).
 P3_N_MODES = ("dp_lower_bound", "public_as_in_paper")
-#: P3's default budget share of the person count n0 (sequential on the same persons).
+#: P3's default budget share of the person count n0 (sequential on the same persons), and its
+#: range ``[P3_COUNT_SHARE_LIMITS[0], P3_COUNT_SHARE_LIMITS[1])``.
 P3_COUNT_EPSILON_SHARE = 0.1
+P3_COUNT_SHARE_LIMITS = (1e-9, 1.0)
+#: The plan's ``beta`` (radii; P3 also :func:`dplib.fixed_n.check_beta`) lies in
+#: ``[BETA_LIMITS[0], BETA_LIMITS[1])``.
+BETA_LIMITS = (1e-12, 1.0)
 #: P3's default accuracy target alpha (l1): G = ceil(2k / alpha) (k = 3: G = 100, spec §3.7) and
 #: eta_priv (spec §5).
 P3_DEFAULT_ALPHA = 0.06
@@ -199,19 +206,18 @@ class DistributionPlan:
             raise InvalidParameterError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
         if self.estimator == "P2" and self.budget.delta <= 0.0:
             raise InvalidParameterError("estimator P2 (Gaussian) needs delta > 0; use P0 or P1 for pure epsilon")
-        object.__setattr__(self, "beta", _check_unit_interval(self.beta, "beta", 1e-12, 1.0, allow_none=False))
-        if self.eta is not None and not _check_unit_interval(self.eta, "eta", 0.0, 0.5):
-            raise InvalidParameterError(f"eta must be in (0, 0.5), got {self.eta!r}")
-        _check_unit_interval(self.omega, "omega", 0.0, 1.0)
+        object.__setattr__(self, "beta", _check_unit_interval(self.beta, "beta", *BETA_LIMITS, allow_none=False))
+        for rate in ("eta", "omega"):  # P3's tau_cov rates (unused by P0-P2), checked as tau_cov checks them
+            if getattr(self, rate) is not None:
+                check_rate(rate, getattr(self, rate))
         if self.budget_mode not in ("parallel", "sequential"):
             raise InvalidParameterError(f"budget_mode must be 'parallel' or 'sequential', got {self.budget_mode!r}")
         if self.p3_n_mode not in P3_N_MODES:
             raise InvalidParameterError(f"p3_n_mode must be one of {P3_N_MODES}, got {self.p3_n_mode!r}")
         if self.estimator == "P3":
-            if self.beta >= 0.5:
-                raise InvalidParameterError(f"beta must be < 0.5 for P3 (lower bound n0), got {self.beta!r}")
+            check_beta(self.beta)  # also the failure probability of the lower bound n0
             object.__setattr__(
-                self, "p3_count_share", _check_unit_interval(self.p3_count_share, "p3_count_share", 1e-9, 1.0, False)
+                self, "p3_count_share", _check_unit_interval(self.p3_count_share, "p3_count_share", *P3_COUNT_SHARE_LIMITS, False)
             )
             p3_setup(self.k, self.m, 1, self.alpha, self.grid_resolution, self.eta, self.omega, self.beta,
                      closeness_radius=self.closeness_radius)

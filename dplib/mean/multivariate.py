@@ -55,7 +55,7 @@ from typing import Literal, Sequence
 import numpy as np
 from scipy.stats import chi2
 
-from dplib.aggregates import MIN_EXPONENT, Aggregates, clipped_sum_l2_sensitivity
+from dplib.aggregates import MIN_EXPONENT, Aggregates, check_scales, clipped_sum_l2_sensitivity
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
@@ -388,10 +388,7 @@ class MultivariateMeanPlan:
         if self.budget_mode not in ("parallel", "sequential"):
             raise InvalidParameterError(f"budget_mode must be 'parallel' or 'sequential', got {self.budget_mode!r}")
         if self.scales is not None:
-            sc = tuple(float(s) for s in self.scales)
-            if len(sc) != self.d or not all(math.isfinite(s) and s > 0 for s in sc):
-                raise InvalidParameterError(f"scales must be {self.d} positive finite numbers, got {self.scales!r}")
-            object.__setattr__(self, "scales", sc)
+            object.__setattr__(self, "scales", tuple(float(s) for s in check_scales(self.scales, self.d)))
         if self.expected_persons is not None:
             n = self.expected_persons
             if isinstance(n, bool) or not isinstance(n, (int, float)) or not (math.isfinite(n) and n >= 1):

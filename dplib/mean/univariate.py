@@ -49,6 +49,8 @@ STATUS_OK = "OK"
 STATUS_INSUFFICIENT = "INSUFFICIENT_DATA"
 #: Largest number of bins of the pure-DP coarse histogram (``(2R + 4r) / r``).
 MAX_PURE_BINS = 1_000_000
+#: ``coarse_fraction`` (the coarse stage's share) lies in ``[COARSE_FRACTION_LIMITS[0], COARSE_FRACTION_LIMITS[1]]``.
+COARSE_FRACTION_LIMITS = (0.05, 0.95)
 
 
 @dataclass(frozen=True)
@@ -108,14 +110,10 @@ class UnivariateMeanPlan:
             raise InvalidParameterError(
                 f"budget_mode must be 'parallel' or 'sequential', got {self.budget_mode!r}"
             )
-        if (
-            isinstance(self.coarse_fraction, bool)
-            or not isinstance(self.coarse_fraction, (int, float))
-            or not (0.05 <= self.coarse_fraction <= 0.95)
-        ):
-            raise InvalidParameterError(
-                f"coarse_fraction must be in [0.05, 0.95], got {self.coarse_fraction!r}"
-            )
+        lo, hi = COARSE_FRACTION_LIMITS
+        cf = self.coarse_fraction
+        if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not (lo <= cf <= hi):
+            raise InvalidParameterError(f"coarse_fraction must be in [{lo}, {hi}], got {cf!r}")
         # every public quantity the stages use must be a finite, normal number (a scale of 1e308 gave
         # an infinite bin width after the reservation; a subnormal one loses all precision)
         if not (1e-300 <= self.bin_width and math.isfinite(self.coarse_error_bound) and self.coarse_error_bound < 1e300):
