@@ -52,12 +52,10 @@ from pyspark.sql import functions as F
 from dplib.distribution.batches import KEY_HEX_DIGITS
 from dplib.errors import InvalidParameterError
 from dplib.groups import derive_salt, is_salt
-from dplib.summary import CLAMP, LIMB_BITS, LIMBS, SHIFT
+from dplib.summary import CLAMP, LIMB_BITS, LIMBS, SHIFT, check_record_cap
 from spark_jobs.spark.keys import group_index, number_copies, valid_id, with_record_key, with_salt
 from spark_jobs.spark.sqlnames import qcol
 
-#: Largest ``max_records_per_person`` (Spark's limit on ``min_by``'s ``k``).
-MAX_RECORDS_LIMIT = 100_000
 #: The cap's keys use ``derive_salt(salt, CAP_SALT_TAG)``: an order of their own, independent of
 #: the distribution batches' draws and of the group index.
 CAP_SALT_TAG = "record-cap"
@@ -87,7 +85,8 @@ def summarize(
         Also keep the person id as ``_pid`` (string): for estimators that hash it again with
         their own tag (BHS23's keyed order, :mod:`spark_jobs.spark.vectors`). Never written out.
     max_records_per_person : int, optional
-        Record cap R in ``[m_min, MAX_RECORDS_LIMIT]`` (module docstring); None (default) keeps all.
+        Record cap R in ``[m_min, MAX_RECORDS_LIMIT]`` (:data:`dplib.summary.MAX_RECORDS_LIMIT`; module
+        docstring); None (default) keeps all.
     label_columns : list of str, optional
         Columns whose JSON names a record for the cap's keys (default ``value_columns``). The job
         passes every value column of the run, so all statistics of a run keep the same records.
@@ -105,7 +104,7 @@ def summarize(
         raise InvalidParameterError("salt must be 64 lowercase hex characters")
     if not value_columns:
         raise InvalidParameterError("value_columns must name at least one column")
-    cap = _check_cap(max_records_per_person)
+    cap = check_record_cap(max_records_per_person)
     if cap is not None and cap < m_min:
         raise InvalidParameterError(f"max_records_per_person ({cap}) is below m_min ({m_min}): no person could keep m_min records")
     labels = list(value_columns) if label_columns is None else list(label_columns)
@@ -160,14 +159,6 @@ def _limb_sums(rows, value_columns, names):
             limb = f"cast({y} - cast(cast({y} * {down}D as bigint) as double) * {up}D as bigint)"
             aggs.append(F.sum(F.expr(limb)).alias(f"_s{i}_{c}"))
     return rows.groupBy("_pid").agg(*aggs)
-
-
-def _check_cap(cap):
-    if cap is None:
-        return None
-    if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_RECORDS_LIMIT:
-        raise InvalidParameterError(f"max_records_per_person must be an integer in [1, {MAX_RECORDS_LIMIT}], got {cap!r}")
-    return cap
 
 
 def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
