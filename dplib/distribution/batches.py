@@ -56,6 +56,7 @@ from typing import Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from dplib.aggregates import exact_unit_sums
 from dplib.errors import InvalidParameterError
 from dplib.groups import GroupRange, group_index, in_range, is_salt
 
@@ -247,18 +248,6 @@ def clipped_sum_l2_sensitivity(radius: float, k: int) -> float:
     return float(radius) * (1.0 + math.sqrt(k) / 2.0 ** (QUANT_BITS + 1))
 
 
-def _exact_sum(units: np.ndarray) -> list[int]:
-    """Column sums of an int64 matrix as exact Python integers."""
-    if units.shape[0] == 0:
-        return [0] * units.shape[1]
-    chunk = 2**20  # |unit| <= 2**31: chunks of 2**20 rows cannot wrap int64
-    total = [0] * units.shape[1]
-    for s in range(0, units.shape[0], chunk):
-        part = units[s : s + chunk].sum(axis=0)
-        total = [t + int(p) for t, p in zip(total, part)]
-    return total
-
-
 class NumpyBatches:
     """The numpy twin of the Spark batch plan: the same batches and statistics from arrays.
 
@@ -349,16 +338,16 @@ class NumpyBatches:
 
     def sums(self, group: GroupRange) -> tuple[int, tuple[int, ...]]:
         c = self._rows(group)
-        return int(c.shape[0]), tuple(int(x) for x in _exact_sum(c))
+        return int(c.shape[0]), tuple(exact_unit_sums(c))
 
     def moments(self, group: GroupRange) -> BatchMoments:
         c = self._rows(group)
         n = int(c.shape[0])
-        sum_counts = tuple(int(x) for x in _exact_sum(c))
+        sum_counts = tuple(exact_unit_sums(c))
         outer = [[0] * self.k for _ in range(self.k)]
         for a in range(self.k):
             for b in range(a, self.k):
-                v = sum(_exact_sum((c[:, a] * c[:, b])[:, None]))
+                (v,) = exact_unit_sums((c[:, a] * c[:, b])[:, None])
                 outer[a][b] = outer[b][a] = int(v)
         return BatchMoments(n, sum_counts, tuple(tuple(r) for r in outer))
 
@@ -377,7 +366,7 @@ class NumpyBatches:
         center = check_clip(center, radius, norm, self.k)
         c = self._rows(group)
         units = clipped_units(c, self.m, center, float(radius), norm)
-        total = _exact_sum(units)
+        total = exact_unit_sums(units)
         return np.array([float(t) for t in total]) * (float(radius) / QUANT_SCALE), int(c.shape[0])
 
 

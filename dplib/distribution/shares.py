@@ -28,6 +28,7 @@ from typing import Protocol, Sequence
 import numpy as np
 from scipy.stats import norm as normal_dist
 
+from dplib.aggregates import exact_unit_sums
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.distribution.batches import category_index, category_names, check_categories
 from dplib.distribution.private import ERROR_LEVEL, STATUS_OK, DistributionRelease
@@ -117,8 +118,7 @@ class NumpyShares:
         rows = self.counts[in_range(self.group, group)]
         if rows.shape[0] == 0:
             return 0, tuple(0 for _ in range(self.k))
-        units = share_units(rows)
-        return int(rows.shape[0]), tuple(int(np.sum(units[:, j], dtype=np.int64)) for j in range(self.k))
+        return int(rows.shape[0]), tuple(exact_unit_sums(share_units(rows)))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,19 @@ from dplib.aggregates import (
 )
 from dplib.errors import InvalidParameterError
 from dplib.groups import GroupRange
+from spark_jobs.spark.keys import in_group
 from spark_jobs.spark.sqlnames import qcol
+
+
+def exact_sums(df, terms, collect) -> tuple[int, list[int]]:
+    """One aggregation over ``df``: its row count and the exact sums of the integer column
+    expressions ``terms``, as Python integers. Sums run in ``decimal(38,0)``: no int64 overflow
+    (an ANSI overflow error would be a data-dependent crash); a sum over no rows is 0. The Spark
+    twin of :func:`dplib.aggregates.exact_unit_sums`. ``collect`` brings the one row back (the
+    backend's counting ``_collect``)."""
+    aggs = [F.count(F.lit(1)).alias("n")] + [F.sum(t.cast("decimal(38,0)")).alias(f"s{i}") for i, t in enumerate(terms)]
+    (row,) = collect(df.agg(*aggs))
+    return int(row["n"]), [0 if row[f"s{i}"] is None else int(row[f"s{i}"]) for i in range(len(terms))]
 
 
 class SparkAggregates:
@@ -61,8 +73,7 @@ class SparkAggregates:
                 raise InvalidParameterError(f"unknown column {c!r}; the summaries hold {self._df.columns}")
 
     def _where(self, columns: Sequence[str], group: GroupRange):
-        lo, hi = group.bounds
-        cond = (F.col("_group") >= F.lit(lo)) & (F.col("_group") < F.lit(hi))
+        cond = in_group(group)
         for c in columns:
             if c not in self._df.columns:
                         raise InvalidParameterError(f"unknown column {c!r}; the summaries hold {self._df.columns}")
@@ -257,12 +268,9 @@ class SparkAggregates:
         pairs = [(j, k) for j in range(d) for k in range(j, d)]
         units = [F.bround((F.col(f"_u{j}") * F.col(f"_u{k}")) / r2 * F.lit(QUANT_SCALE), 0).cast("long")
                  for j, k in pairs]
-        aggs = [F.sum(u.cast("decimal(38,0)")).alias(f"s{i}") for i, u in enumerate(units)]
-        row = self._collect(df.agg(*aggs, F.count(F.lit(1)).alias("n")))[0]
-        n = int(row["n"])
+        n, total = exact_sums(df, units, self._collect)
         if n == 0:
             return np.zeros(len(pairs)), 0
-        total = [int(row[f"s{i}"]) for i in range(len(pairs))]
         return np.array([float(t) for t in total]) * (float(radius) * float(radius) / QUANT_SCALE), n
 
     def clipped_sum(
@@ -280,11 +288,7 @@ class SparkAggregates:
         devs = [F.col(f"_u{j}") for j in range(len(columns))]
         # Fixed point, as dplib.aggregates.quantize_deviations: bround = round half to even.
         units = [F.bround(d / rho * F.lit(QUANT_SCALE), 0).cast("long") for d in devs]
-        # decimal(38,0): no int64 overflow (an ANSI overflow error would be a data-dependent crash)
-        aggs = [F.sum(u.cast("decimal(38,0)")).alias(f"s{j}") for j, u in enumerate(units)] + [F.count(F.lit(1)).alias("n")]
-        row = self._collect(df.agg(*aggs))[0]
-        n = int(row["n"])
+        n, total = exact_sums(df, units, self._collect)
         if n == 0:
             return np.zeros(len(columns)), 0
-        total = [int(row[f"s{j}"]) for j in range(len(columns))]
         return np.array([float(t) for t in total]) * (float(radius) / QUANT_SCALE), n

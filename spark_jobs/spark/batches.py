@@ -55,7 +55,8 @@ from dplib.distribution.batches import (
 from dplib.distribution.shares import SHARE_SCALE
 from dplib.errors import InvalidParameterError
 from dplib.groups import GroupRange, is_salt
-from spark_jobs.spark.keys import group_index, number_copies, valid_id, with_record_key, with_salt
+from spark_jobs.spark.aggregates import exact_sums
+from spark_jobs.spark.keys import group_index, in_group, number_copies, valid_id, with_record_key, with_salt
 from spark_jobs.spark.sqlnames import qcol
 
 PLANS = ("bottomk", "collect", "window")
@@ -255,8 +256,7 @@ class SparkBatchAggregates:
         self.rows_collected = 0
 
     def _where(self, group: GroupRange):
-        lo, hi = group.bounds
-        return self._df.where((F.col("_group") >= F.lit(lo)) & (F.col("_group") < F.lit(hi)))
+        return self._df.where(in_group(group))
 
     def _collect(self, df) -> list:
         rows = df.collect()
@@ -265,29 +265,19 @@ class SparkBatchAggregates:
 
     def sums(self, group: GroupRange) -> tuple[int, tuple[int, ...]]:
         c = F.col("counts")
-        exprs = [F.count(F.lit(1)).alias("n")] + [F.sum(c[a].cast("decimal(38,0)")).alias(f"s{a}") for a in range(self.k)]
-        (row,) = self._collect(self._where(group).agg(*exprs))
-        return int(row["n"]), tuple(0 if row[f"s{a}"] is None else int(row[f"s{a}"]) for a in range(self.k))
+        n, s = exact_sums(self._where(group), [c[a] for a in range(self.k)], self._collect)
+        return n, tuple(s)
 
     def moments(self, group: GroupRange) -> BatchMoments:
         k = self.k
         c = F.col("counts")
-        exprs = [F.count(F.lit(1)).alias("n")]
-        exprs += [F.sum(c[a].cast("decimal(38,0)")).alias(f"s{a}") for a in range(k)]
-        exprs += [
-            F.sum(c[a].cast("decimal(38,0)") * c[b].cast("decimal(38,0)")).alias(f"o{a}_{b}")
-            for a in range(k)
-            for b in range(a, k)
-        ]
-        (row,) = self._collect(self._where(group).agg(*exprs))
-        n = int(row["n"])
-        val = lambda x: 0 if x is None else int(x)  # noqa: E731 (sum over no rows is null)
-        s = tuple(val(row[f"s{a}"]) for a in range(k))
+        pairs = [(a, b) for a in range(k) for b in range(a, k)]
+        products = [c[a].cast("decimal(38,0)") * c[b].cast("decimal(38,0)") for a, b in pairs]
+        n, sums = exact_sums(self._where(group), [c[a] for a in range(k)] + products, self._collect)
         o = [[0] * k for _ in range(k)]
-        for a in range(k):
-            for b in range(a, k):
-                o[a][b] = o[b][a] = val(row[f"o{a}_{b}"])
-        return BatchMoments(n, s, tuple(tuple(r) for r in o))
+        for (a, b), v in zip(pairs, sums[k:]):
+            o[a][b] = o[b][a] = v
+        return BatchMoments(n, tuple(sums[:k]), tuple(tuple(r) for r in o))
 
     def histogram(self, group: GroupRange) -> dict[tuple[int, ...], int]:
         rows = self._collect(self._where(group).groupBy("counts").count())
@@ -307,10 +297,8 @@ class SparkBatchAggregates:
         factor = F.when(size > F.lit(radius), F.lit(radius) / size).otherwise(F.lit(1.0))
         units = [F.rint(d * factor / F.lit(radius) * F.lit(QUANT_SCALE)).cast("long") for d in dev]
         df = self._where(group).select(*[u.alias(f"u{j}") for j, u in enumerate(units)])
-        aggs = [F.count(F.lit(1)).alias("n")] + [F.sum(F.col(f"u{j}").cast("decimal(38,0)")).alias(f"s{j}") for j in range(k)]
-        (row,) = self._collect(df.agg(*aggs))
-        total = [0 if row[f"s{j}"] is None else int(row[f"s{j}"]) for j in range(k)]
-        return np.array([float(t) for t in total]) * (radius / QUANT_SCALE), int(row["n"])
+        n, total = exact_sums(df, [F.col(f"u{j}") for j in range(k)], self._collect)
+        return np.array([float(t) for t in total]) * (radius / QUANT_SCALE), n
 
 
 def person_shares(
@@ -351,12 +339,12 @@ class SparkShareSums:
         self.k = int(k)
         self.rows_collected = 0
 
-    def share_sums(self, group: GroupRange) -> tuple[int, tuple[int, ...]]:
-        lo, hi = group.bounds
-        df = self._df.where((F.col("_group") >= F.lit(lo)) & (F.col("_group") < F.lit(hi)))
-        u = F.col("units")
-        exprs = [F.count(F.lit(1)).alias("n")] + [F.sum(u[j].cast("decimal(38,0)")).alias(f"s{j}") for j in range(self.k)]
-        rows = df.agg(*exprs).collect()
+    def _collect(self, df) -> list:
+        rows = df.collect()
         self.rows_collected += len(rows)
-        (row,) = rows
-        return int(row["n"]), tuple(0 if row[f"s{j}"] is None else int(row[f"s{j}"]) for j in range(self.k))
+        return rows
+
+    def share_sums(self, group: GroupRange) -> tuple[int, tuple[int, ...]]:
+        u = F.col("units")
+        n, s = exact_sums(self._df.where(in_group(group)), [u[j] for j in range(self.k)], self._collect)
+        return n, tuple(s)

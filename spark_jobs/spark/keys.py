@@ -2,8 +2,9 @@
 
 - :func:`valid_id`: which records have a person (the record rule of
   :mod:`spark_jobs.spark.summarize`).
-- :func:`with_salt`, :func:`group_index`: the run's salt joined as data, and the person's group
-  index ``int(sha2(salt || id)[:8], 16)`` (:func:`dplib.groups.group_index`).
+- :func:`with_salt`, :func:`group_index`, :func:`in_group`: the run's salt joined as data, the
+  person's group index ``int(sha2(salt || id)[:8], 16)`` (:func:`dplib.groups.group_index`) and
+  the test that it lies in a group's hash range.
 - :func:`number_copies`, :func:`with_record_key`: identical records numbered ``j = 0, 1, ...``
   and keyed ``SHA-256(salt || person || 0x1f || label || ":" || j)``, the keyed-hash order of
   :mod:`dplib.distribution.batches` (:func:`~dplib.distribution.batches.record_keys`), used by
@@ -42,6 +43,13 @@ def group_index():
     """The person's group index in ``[0, 2**32)`` from the ``_salt`` and ``_pid`` columns: the
     first 8 hex digits of ``sha2(salt || id)`` (as :func:`dplib.groups.group_index`)."""
     return F.conv(F.substring(F.sha2(F.concat(F.col("_salt"), F.col("_pid")), 256), 1, 8), 16, 10).cast("long")
+
+
+def in_group(group):
+    """True for the persons of ``group`` (a :class:`dplib.groups.GroupRange`): ``_group`` in its
+    bounds ``[lo, hi)``."""
+    lo, hi = group.bounds
+    return (F.col("_group") >= F.lit(lo)) & (F.col("_group") < F.lit(hi))
 
 
 def number_copies(counted, keep):
