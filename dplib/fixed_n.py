@@ -1,9 +1,10 @@
 """Exactly n0 persons: a DP lower bound on the person count, selection by keyed-hash rank, padding.
 
 Some estimators are proved under *replace-one* neighbouring with the number of persons ``n``
-public and fixed (the batch papers' P3, spec ``discrete_batches.md`` §1.3, §7.2; BHS23's
-covariance estimator). DESIGN.md's privacy model is add/remove with ``n`` private. The bridge
-(DESIGN.md, "Estimators whose proofs assume a fixed public n"):
+public and fixed (P3 of the batch estimators, after Kamath, Majid, Moitra, Mouzakis, Ullman's
+batch-level DP; BHS23's covariance estimator). The project's privacy model is add/remove with
+``n`` private. The bridge (docs/privacy/distribution.md, "n0 and padding"; docs/privacy/
+stable_covariance.md, "Person level: exactly n0 person vectors"):
 
 1. **n0** (:func:`release_lower_bound`): release the person count with the Laplace mechanism
    (l1 sensitivity 1 under add/remove, its own charge) and turn it into a lower confidence

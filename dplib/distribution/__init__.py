@@ -1,4 +1,5 @@
-"""Discrete distributions from per-person batches (spec ``../shared/specs/discrete_batches.md``).
+"""Discrete distributions from per-person batches (Kamath, Majid, Moitra, Mouzakis, Ullman, robust and private
+learning of discrete distributions from batches; privacy note docs/privacy/distribution.md).
 
 - :mod:`dplib.distribution.batches`: the sampling rule, category list, count vectors and their
   exact sufficient statistics (numpy twin of ``spark_jobs.spark.batches``).

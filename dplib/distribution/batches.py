@@ -4,10 +4,11 @@ A person's *batch* is exactly ``m`` of their records, drawn uniformly without re
 through a **public, fixed** category list: category ``j`` (0-based) is ``categories[j]``; a value
 not in the list, or null, is ``OTHER``, the last index ``k - 1`` (``k = len(categories) + 1``).
 The batch's count vector ``c_i`` (shape ``(k,)``, integers, ``sum(c_i) == m``) is all the
-estimators see. Spec: ``../shared/specs/discrete_batches.md`` §1.1, §7.1-7.3, §8 #2, #3, #10.
+estimators see (the batch model of Kamath, Majid, Moitra, Mouzakis, Ullman; docs/privacy/distribution.md,
+"From records to one count vector per person").
 
-Sampling rule (both backends; spec §7.1, §8 #10)
-------------------------------------------------
+Sampling rule (both backends)
+-----------------------------
 Each record gets a *label*: a string fixed by the record alone (Spark: the JSON of the record's
 columns; the caller chooses the columns; the job's default is the category column alone).
 Records with the same person and label are numbered ``j = 0, 1, ...``; which of them gets which
@@ -24,7 +25,7 @@ records are (modelling SHA-256 keyed by a secret random salt as a random functio
 uniform values, whatever the labels say, so their order is a uniformly random permutation and
 the kept ``m`` records are a uniform subset; the category may be part of the label because a
 label only *names* the record, it never orders it. Three rules that look similar are wrong:
-ordering by a data field ("first m by time" correlates with the category, spec §8 #10); hashing
+ordering by a data field ("first m by time" correlates with the category); hashing
 the content **without** the duplicate number ``j`` (exact duplicates tie and are kept or dropped
 together, which under-represents categories that occur in duplicated rows: a person with records
 {A, A, B} and m = 1 would give A with probability 1/2, not 2/3); and numbering records by their
@@ -41,10 +42,10 @@ categories would otherwise share a key).
 
 Persons with fewer than ``m`` records (policy ``drop``, the only one implemented): they have no
 batch and are left out of every statistic, person by person. Under add/remove neighbouring
-(DESIGN.md) this is a per-person rule (a person's presence still changes at most one batch), and
+(docs/privacy/distribution.md) this is a per-person rule (a person's presence still changes at most one batch), and
 the number of persons is never treated as public, so dropping is exact. The estimand is then the
-distribution of the persons with at least ``m`` records. Padding with a filler category (spec
-§7.2) is only needed when n must be public (replace-one proofs, P3); it is not implemented here.
+distribution of the persons with at least ``m`` records. Padding with a filler category
+(:mod:`dplib.fixed_n`) is only needed when n must be public (replace-one proofs, P3); it is not implemented here.
 """
 
 from __future__ import annotations

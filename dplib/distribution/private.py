@@ -1,13 +1,15 @@
 """Private estimators of a discrete distribution from per-person batches: P0, P1, P2.
 
-Spec ``../shared/specs/discrete_batches.md`` §3.7 (tiers), §4.2, §5 (radii), §7.2, §8 #1, #5, #9;
-Kamath, Majid, Moitra, Mouzakis, Ullman, Algorithm 4.1 step 1 (the pooled Laplace baseline).
+Kamath, Majid, Moitra, Mouzakis, Ullman, Algorithm 4.1 step 1 (the pooled Laplace baseline) and the
+projection Pi of Lemma 4.4; the tiers P1-P3 and their radii are ours (docs/privacy/distribution.md,
+"Estimators").
 Each person contributes one count vector ``c_i`` (``k`` categories incl. OTHER, ``sum c_i = m``)
 and its distribution ``y_i = c_i / m`` on the simplex. The estimand is the mean over persons of
 ``y_i`` (persons with at least ``m`` records, weighted equally).
 
-Neighbouring relation: add/remove one person (DESIGN.md); the number of persons is **not**
-public. The spec's tiers are written for replace-one with n public; the add/remove forms are:
+Neighbouring relation: add/remove one person (docs/privacy/distribution.md); the number of persons
+is **not** public. The paper's baseline is written for replace-one with n public; the add/remove
+forms are:
 
 ======  =====================================================================================
 tier    release (each stage on its own fixed hash range in parallel mode)
@@ -28,12 +30,12 @@ lie on the simplex), so it carries no count; the count is released jointly as ``
 only multiplies the small correction ``S / n ~ ybar - c``. The un-centred ``sum clip(y_i)`` would
 carry n for free but has sensitivity 1, i.e. P0's.
 
-``Pi(v) = max(v, 0) / sum(max(v, 0))`` is an l1-nearest simplex point (spec §8 #9); when no
+``Pi(v) = max(v, 0) / sum(max(v, 0))`` is an l1-nearest simplex point (the paper's Pi of Lemma 4.4); when no
 coordinate is positive every simplex point is at the same l1 distance and the uniform
 distribution is returned (post-processing either way).
 
-Radii (spec §3.7, §5), from public inputs and earlier DP outputs only: with n^ the P0 centre's
-noisy count scaled to the statistic's persons,
+Radii (ours; docs/privacy/distribution.md, "Estimators"), from public inputs and earlier DP
+outputs only: with n^ the P0 centre's noisy count scaled to the statistic's persons,
 ``r_c = min(2, 2 (sqrt(2 (k ln 2 + ln(4/beta)) / (n_c m)) + G_k(1 - beta/2) b_c / n_c))`` (a
 bound on ``||c - mu||_1``: sampling of ``n_c m`` draws, plus the l1 norm of the k Laplace
 noises, a Gamma(k, b_c) quantile, doubled by the projection), ``rho_1 = min(2, sqrt(2 (k ln 2 +
@@ -105,8 +107,8 @@ P3_COUNT_SHARE_LIMITS = (1e-9, 1.0)
 #: The plan's ``beta`` (radii; P3 also :func:`dplib.fixed_n.check_beta`) lies in
 #: ``[BETA_LIMITS[0], BETA_LIMITS[1])``.
 BETA_LIMITS = (1e-12, 1.0)
-#: P3's default accuracy target alpha (l1): G = ceil(2k / alpha) (k = 3: G = 100, spec §3.7) and
-#: eta_priv (spec §5).
+#: P3's default accuracy target alpha (l1): G = ceil(2k / alpha) (k = 3: G = 100) and
+#: eta_priv (:func:`dplib.distribution.p3.eta_priv`).
 P3_DEFAULT_ALPHA = 0.06
 STATUS_OK = "OK"
 ERROR_LEVEL = 0.9
@@ -114,9 +116,9 @@ ERROR_LEVEL = 0.9
 COUNT_WEIGHT = 0.25
 #: Share of the statistic's persons read by the centre stage (parallel mode).
 CENTER_FRACTION = 0.25
-#: Budget share of the centre in sequential mode (spec §5: epsilon_1 = epsilon / 4).
+#: Budget share of the centre in sequential mode (epsilon_1 = epsilon / 4).
 CENTER_EPSILON_SHARE = 0.25
-#: Constant of the P2 radius (spec §5: rho_2 = 3 / sqrt(m) + r_c).
+#: Constant of the P2 radius (rho_2 = 3 / sqrt(m) + r_c).
 P2_RADIUS_CONSTANT = 3.0
 
 STAGE_POOLED = "pooled laplace"
@@ -151,16 +153,18 @@ class DistributionPlan:
         of the lower bound n0 (``P[n0 > n] <= beta``) and of tau_cov's null term.
     eta, omega : float, optional
         Corruption bound and heterogeneity radius: unused by P0-P2; P3's trimming level
-        ``eta_priv`` (default from alpha and m, spec §5) and heterogeneity allowance in tau_cov.
+        ``eta_priv`` (default from alpha and m, :func:`~dplib.distribution.p3.eta_priv`) and
+        heterogeneity allowance in tau_cov.
     alpha : float, default 0.06
         P3: accuracy target (l1): sets the grid ``G = ceil(2k / alpha)`` and the default
-        ``eta_priv`` (spec §3.7, §5). (It no longer sets the closeness radius.)
+        ``eta_priv``. (It no longer sets the closeness radius.)
     grid_resolution : int, optional
         P3: G (grid points ``i / G``); default ``ceil(2k / alpha)``.
     closeness_radius : float in [0, 2], default 0
         P3: l1 radius of the score's neighbourhood minimum ``S_r(nu) = min{S(nu') :
-        ||nu' - nu||_1 <= r}`` over the grid (spec §3.7 uses r = alpha). Any public value keeps
-        sensitivity 1 (the neighbourhoods are data-independent; r = 0 is the score itself).
+        ||nu' - nu||_1 <= r}`` over the grid (the paper's closeness condition, Definition 4.3,
+        uses r = alpha). Any public value keeps sensitivity 1 (the neighbourhoods are
+        data-independent; r = 0 is the score itself).
     p3_count_share : float in (0, 1), default 0.1
         P3 (``dp_lower_bound``): share of epsilon spent on the count n0; the mechanism gets the
         rest. Public; see docs/privacy/distribution.md for the trade-off.
@@ -171,7 +175,7 @@ class DistributionPlan:
     budget_mode : "parallel" or "sequential"
         P1/P2: the centre reads its own fixed hash range (``CENTER_FRACTION`` of the persons)
         and every stage gets the whole budget (parallel), or both stages read every person with
-        epsilon/4 and 3 epsilon/4 (sequential, spec §5).
+        epsilon/4 and 3 epsilon/4 (sequential).
     group : GroupRange
         The persons this statistic may read.
 
@@ -339,8 +343,8 @@ def pooled_laplace(backend: BatchAggregates, group: GroupRange, epsilon: float, 
     epsilon-DP under add/remove: ``sum_i c_i`` (exact integers) changes by one count vector,
     l1 norm exactly m; Laplace(m (1 + 2^-20) / epsilon) on it (integer sums below 2^53 convert
     to floats exactly; the margin is for the released float), then division by m
-    (post-processing). Spec §3.7 P0,
-    §8 #1 (add/remove analogue of the 2/(n epsilon) of replace-one).
+    (post-processing). Kamath et al., Algorithm 4.1 step 1 (the add/remove analogue of its
+    2/(n epsilon) under replace-one).
     """
     m = backend.m
     _, exact_sum = backend.sums(group)
@@ -381,7 +385,7 @@ def clipped_release(
     k/2^31), l2 <= radius (1 + sqrt(k)/2^31), :mod:`dplib.distribution.batches`) and w n by w:
     l1 sensitivity ``radius (1 + k/2^31) + w`` (Laplace, pure epsilon) or l2 sensitivity
     ``hypot(radius (1 + sqrt(k)/2^31), w)`` (analytic Gaussian, Balle & Wang 2018), each
-    inflated by 2^-20 for float rounding. Spec §3.7 P1/P2, §7.3.
+    inflated by 2^-20 for float rounding. docs/privacy/distribution.md, "Estimators".
     """
     k = backend.k
     w = COUNT_WEIGHT * radius
@@ -399,12 +403,12 @@ def clipped_release(
 
 
 def center_error_bound(n_center: float, k: int, m: int, laplace_scale: float, beta: float) -> float:
-    """Public bound r_c on ``||c - mu||_1`` for the P0 centre (spec §3.7 P1 (i), §5).
+    """Public bound r_c on ``||c - mu||_1`` for the P0 centre (docs/privacy/distribution.md).
 
     ``2 (sqrt(2 (k ln 2 + ln(4/beta)) / (n_c m)) + G_k(1 - beta/2) b / n_c)``, capped at 2:
     the l1 deviation of ``n_c m`` pooled draws (Bretagnolle-Huber-Carol; homogeneous persons),
     plus the l1 norm of k Laplace(b) noises (a Gamma(k, b) quantile) over n_c, doubled by the
-    projection (spec §8 #9). ``n_c`` is a DP count (floored at 1): accuracy only.
+    projection (Lemma 4.4's Pi). ``n_c`` is a DP count (floored at 1): accuracy only.
     """
     n_c = max(float(n_center), 1.0)
     sampling = math.sqrt(2.0 * (k * math.log(2.0) + math.log(4.0 / beta)) / (n_c * m))
@@ -413,13 +417,13 @@ def center_error_bound(n_center: float, k: int, m: int, laplace_scale: float, be
 
 
 def p1_radius(k: int, m: int, n_hat: float, beta: float, r_c: float) -> float:
-    """rho_1 = min(2, sqrt(2 (k ln 2 + ln(2 n^/beta)) / m) + r_c) (spec §3.7 P1, §5)."""
+    """rho_1 = min(2, sqrt(2 (k ln 2 + ln(2 n^/beta)) / m) + r_c)."""
     n = max(float(n_hat), 1.0)
     return min(2.0, math.sqrt(2.0 * (k * math.log(2.0) + math.log(2.0 * n / beta)) / m) + r_c)
 
 
 def p2_radius(m: int, r_c: float) -> float:
-    """rho_2 = min(sqrt 2, 3 / sqrt(m) + r_c) (spec §3.7 P2, §5; r_c bounds the l2 error too)."""
+    """rho_2 = min(sqrt 2, 3 / sqrt(m) + r_c) (r_c bounds the l2 error too)."""
     return min(math.sqrt(2.0), P2_RADIUS_CONSTANT / math.sqrt(m) + r_c)
 
 
@@ -517,7 +521,8 @@ def private_distribution(
 
     References
     ----------
-    Spec §3.7 (P0-P3), §4.2, §5, §7.2, §8; Kamath et al., Algorithm 4.1 step 1.
+    Kamath et al., Algorithm 4.1 (step 1: P0), Definition 4.5 (P3's score), Lemma 4.4 (the
+    projection); docs/privacy/distribution.md (the tiers P1-P3, radii, n0).
     """
     if backend.k != plan.k or backend.m != plan.m:
         raise InvalidParameterError(

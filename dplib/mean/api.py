@@ -38,7 +38,8 @@ def person_means(
     values: np.ndarray, person_ids: Sequence[object], m_min: int = 1, null_values: Sequence[str] = NULL_IDS,
     normalize: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Reduce records to one mean per person (spec §2.0).
+    """Reduce records to one mean per person (docs/privacy/person_level_mean.md, "From records to one
+    item per person").
 
     Parameters
     ----------
@@ -128,7 +129,7 @@ def person_level_mean(
 
     References
     ----------
-    Agarwal et al. 2024, Theorem 3.14; ``../shared/specs/person_level_mean.md`` §2.1-2.3.
+    Agarwal et al. 2024, Algorithm 1, Lemma 3.12, Theorem 3.14 (Sections 3.3-3.4).
     """
     budget = Budget(epsilon, delta)
     plan: UnivariateMeanPlan | ScaleFreeMeanPlan

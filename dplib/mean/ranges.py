@@ -584,7 +584,7 @@ def profile_quantile(profile: "DeviationProfile", q: float) -> float:
 def choose_radius(profile: "DeviationProfile", n_eps: float, k: float = 4.0, q: float = 0.9) -> float:
     """Clipping radius ``rho = Q_q(|Y - c|) * max(2, (n eps)^(1/k))``.
 
-    The paper's balance of clipping bias against noise for k-th moments (spec §2.3 step 4,
+    The paper's balance of clipping bias against noise for k-th moments (Lemma 3.12,
     ``rho ~ s (n eps)^(1/k)``) with the unknown moment scale ``s`` replaced by a DP quantile of
     the deviations; ``n_eps`` is a DP estimate of the fine group's size times its epsilon.
     Post-processing only.

@@ -24,7 +24,7 @@ final (the rest)        Gaussian on (sum_i clip_R((Y_i - c) / s), w n), w = R / 
 After a retry (small data) the centre, scale and norm shares double (an adaptive choice from a
 DP outcome under a fixed total: a privacy filter with basic composition). Within a stage the d
 per-coordinate histograms compose by the better of basic and advanced composition for the range
-(spec P10, :func:`~dplib.mean.multivariate.coordinate_budget`) and by basic composition for the
+(:func:`~dplib.mean.multivariate.coordinate_budget`) and by basic composition for the
 Laplace histograms.
 
 Privacy: add/remove one person; every stage reads all persons; the stages compose sequentially to

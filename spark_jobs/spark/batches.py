@@ -22,8 +22,8 @@ Three physical plans compute the same rows (tested equal, and equal to the numpy
   For ``m`` above Spark's limit of ``min_by``'s ``k`` (:data:`BOTTOM_K_LIMIT`) it falls back to
   the window plan.
 - ``"window"``: numbering of identical records by an aggregation, then ``row_number()`` over
-  ``Window.partitionBy(person).orderBy(key)`` and a pivoted ``groupBy(person)`` count (spec
-  §7.1's plan; two shuffles and a sort of every record by its key).
+  ``Window.partitionBy(person).orderBy(key)`` and a pivoted ``groupBy(person)`` count (the
+  straightforward plan; two shuffles and a sort of every record by its key).
 - ``"collect"``: as ``"window"`` up to the keys, then one aggregation per person collecting
   ``(key, category)`` pairs, ``array_sort`` + ``slice`` to the m smallest. Slowest
   (``collect_list`` runs as an object hash aggregate that falls back to sort-based aggregation

@@ -7,10 +7,10 @@ columns, :func:`person_vectors`). It answers the person count (for the DP lower 
 1. every person gets the key ``SHA-256(salt || ":bhs23-order:" || "p:" || id)[:16 hex]`` and
    every public dummy ``j`` the key of ``"d:" || j`` (:data:`dplib.covariance.person.DUMMY_PREFIX`);
 2. persons and ``max(0, n0 - n)`` dummies are sorted by (key, vector) once, and the first n0
-   rows are kept: the selection by keyed-hash rank and the random order of spec §1.2 are the
-   same sort (the argument is in :mod:`dplib.covariance.person`);
+   rows are kept: the selection by keyed-hash rank and BHS23's random order of the rows are
+   the same sort (the argument is in :mod:`dplib.covariance.person`);
 3. global positions come from per-partition counts of the sorted, cached table; rows are joined
-   into **pair rows** ``(x_{2i}, x_{2i+1})`` (spec §5.2), plus the leftover row when n0 is odd,
+   into **pair rows** ``(x_{2i}, x_{2i+1})`` (BHS23's Pair), plus the leftover row when n0 is odd,
    and cached once (``persist`` + ``count``). Everything is a deterministic function of
    (salt, ids, vectors): a recomputed partition or a task retry reproduces the same order, pairs
    and reference set; nothing is drawn with ``rand()``.
@@ -25,7 +25,7 @@ top-T heaps) combined with ``treeReduce``; the arithmetic is that of the numpy t
 Driver memory: O(#buckets d^2 + T d) per scan, O(k d) per core scan, M d for the reference
 rows: never O(n d). The only per-person rows collected are the ``top_t`` rows of a scan and the
 M reference rows. The number of passes (``passes``) depends on the data: it is logged at DEBUG
-level only and never released (spec §7.5).
+level only and never released (docs/privacy/stable_covariance.md).
 """
 
 from __future__ import annotations
