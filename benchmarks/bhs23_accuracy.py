@@ -6,7 +6,7 @@ budget), d = 10, R seeded repetitions per cell (default 20):
 * ``BHS``: :func:`dplib.covariance.private_mean` (BHS23 Algorithm 1) on the n person vectors,
   numpy backend, keyed order from a per-repetition seeded salt; lambda0 = the library default
   (:func:`dplib.covariance.default_lambda0`, ~73 at d = 10) or a fixed value (``--lambda0 50``,
-  the spec's measured practice at d = 10, §7.2). A ``FAIL`` counts as an infinite error.
+  a value measured to work at d = 10). A ``FAIL`` counts as an infinite error.
 * ``CN``: :func:`dplib.mean.multivariate.multivariate_person_mean` (Agarwal et al. 2024
   clip-and-noise), numpy backend, person level with one record per person (``mode="summary"``,
   m = 1: the rows are the person vectors), default plan: private coordinate scales, DP person
@@ -19,7 +19,7 @@ budget), d = 10, R seeded repetitions per cell (default 20):
   paired rows of the same backend (exactly the covariance half of Algorithm 5.2, but with the whole
   (epsilon, delta); its own default lambda0), against the non-private covariance ``np.cov(x)``:
   relative spectral ``||S^-1/2 C S^-1/2 - I||_2`` and Frobenius ``||S^-1/2 C S^-1/2 - I||_F``
-  (S = non-private, C = private; affine-invariant, spec §1.3/§4.2), and the plain relative errors
+  (S = non-private, C = private; affine-invariant, BHS23's error metric), and the plain relative errors
   ``||C - S|| / ||S||`` (spectral, Frobenius). ``npS`` = the same whitened spectral error of S
   against the true Sigma (sampling).
 
@@ -229,7 +229,7 @@ def plan_for(n: int, lambda0: float) -> PrivateMeanPlan:
 
 def law_quantile(n: int, lambda0: float, p: float) -> float:
     """p-quantile of ||mu~ - mu||_Sigma when SCORE = 0 and Sigma_hat = Sigma (Gaussian data): the
-    error is sqrt((1/n + c^2) chi^2_d) (empirical mean plus N(0, c^2 Sigma)), spec §4.1."""
+    error is sqrt((1/n + c^2) chi^2_d) (empirical mean plus N(0, c^2 Sigma)), BHS23 Theorem 8."""
     return math.sqrt((1.0 / n + plan_for(n, lambda0).c2) * chi2.ppf(p, D))
 
 

@@ -4,9 +4,9 @@
     .venv/bin/python benchmarks/distribution_robustness.py --quick          # smoke run, 3 seeds
     .venv/bin/python benchmarks/distribution_robustness.py --only flights   # one section
 
-Sections (spec ``../shared/specs/discrete_batches.md`` §6.2):
+Sections (the generator and the attacks are :func:`mu_family` and :func:`attack` below):
 
-* ``robust``: the §6.2 generator and the attacks A0-A4 at eta in {0.02, 0.05, 0.1}; the TV error
+* ``robust``: the generator and the attacks A0-A4 at eta in {0.02, 0.05, 0.1}; the TV error
   ``||mu_hat - mu||_TV`` of every registered estimator as a ratio to the rate
   ``eta sqrt(ln(1/eta) / m)``: mean and 95th percentile over the seeds per (attack, eta), then
   the worst case over the attacks, and the issue's targets (filter within 1.5x the rate on A1-A4
@@ -29,7 +29,7 @@ Estimators are rows of a registry: ``register(name, fn, private=..., kind=...)``
 ``fn(counts, ctx) -> estimate``; ``counts`` is the (n, k) int matrix of count vectors (rows sum
 to m) and ``ctx`` a :class:`Context` (m, eta, omega, epsilon, delta, a seeded rng). ``--rows``
 picks a subset (comma-separated names). Rows: naive mean, coordinate-wise trimmed mean, the
-filter, the FRC (spec §2.6d's pipeline: filter, then the CCP search with the FRC certificate;
+filter, the FRC (the robust pipeline: filter, then the CCP search with the FRC certificate;
 :func:`frc_estimate`), P0, P1, P2; P3 is registered elsewhere in the same way.
 
 Cost of the FRC row: one cvxpy compile and ~3 Clarabel solves with one kept fraction per
@@ -60,7 +60,8 @@ import numpy as np
 
 from dplib.budget import Budget
 from dplib.distribution.batches import NumpyBatches
-from dplib.distribution.private import DistributionPlan, private_distribution, project_to_simplex
+from dplib.distribution.private import DistributionPlan, private_distribution
+from dplib.distribution.simplex import project_to_simplex
 from dplib.distribution.frc import ccp_search
 from dplib.distribution.robust import STATUS_OVERTRIM, SolverError, subset_filter
 from dplib.mechanisms.noise import SeededNoise
@@ -101,7 +102,7 @@ def register(name: str, fn: Callable[[np.ndarray, Context], np.ndarray], private
 
 
 def histogram(counts: np.ndarray) -> dict[tuple[int, ...], int]:
-    """Persons per distinct count vector (the robust estimators' input, spec §2.8)."""
+    """Persons per distinct count vector (the robust estimators' input)."""
     uniq, mult = np.unique(counts, axis=0, return_counts=True)
     return {tuple(int(x) for x in u): int(c) for u, c in zip(uniq, mult)}
 
@@ -112,7 +113,7 @@ def naive_mean(counts: np.ndarray, ctx: Context) -> np.ndarray:
 
 def trimmed_mean(counts: np.ndarray, ctx: Context) -> np.ndarray:
     """Coordinate-wise mean after dropping the eta share of lowest and of highest values of each
-    coordinate (spec §4.1's proposed baseline), projected back onto the simplex."""
+    coordinate (a baseline from the literature), projected back onto the simplex."""
     y = np.sort(counts / ctx.m, axis=0)
     cut = int(math.floor(ctx.eta * y.shape[0]))
     return project_to_simplex(y[cut : y.shape[0] - cut].mean(axis=0))
@@ -125,10 +126,11 @@ def filter_estimate(counts: np.ndarray, ctx: Context) -> np.ndarray:
 
 
 def frc_estimate(counts: np.ndarray, ctx: Context) -> np.ndarray:
-    """The recommended robust pipeline of spec §2.6d: the filter over the distinct count vectors
-    (its pre-check certifies the plain mean when the whole table passes), then the CCP search
-    (§2.6c) started at the filter's output; the output is the CCP's last mean, which carries a
-    genuine FRC certificate (every CCP iterate is an inner approximation, §2.6c) with the
+    """The robust pipeline (docs/privacy/distribution.md, "Robust building blocks"): the filter over
+    the distinct count vectors (its pre-check certifies the plain mean when the whole table passes),
+    then the CCP search (:func:`dplib.distribution.frc.ccp_search`) started at the filter's output;
+    the output is the CCP's last mean, which carries a genuine FRC certificate (every CCP iterate
+    is an inner approximation) with the
     reported discard. Non-private. A CCP step that fails in Clarabel is retried with SCS; if both
     fail the row returns the filter's output with status ``SOLVER_FAILED`` (counted in the table)."""
     hist = histogram(counts)
@@ -145,7 +147,7 @@ def frc_estimate(counts: np.ndarray, ctx: Context) -> np.ndarray:
 
 
 STATUS_SOLVER_FAILED = "SOLVER_FAILED"
-#: CCP iterations of the FRC row (the spec saw convergence in 3; each is one FRC-sized solve).
+#: CCP iterations of the FRC row (pilot runs converged in 3; each is one FRC-sized solve).
 FRC_MAX_ITER = 5
 
 
@@ -169,7 +171,7 @@ for _p in ("P0", "P1", "P2"):
     register(_p, _private(_p), private=True, kind="private")
 
 # ----------------------------------------------------------------------------------------------
-# generator and attacks (spec §6.2)
+# generator and attacks
 
 
 def mu_family(name: str, k: int, rng: np.random.Generator) -> np.ndarray:

@@ -1,8 +1,8 @@
-"""P3 against P0 at k = 3, m = 400, n = 200, epsilon = 0.5 (issue 9; spec §3.7, §6.2, §6.3).
+"""P3 against P0 at k = 3, m = 400, n = 200, epsilon = 0.5 (issue 9).
 
     .venv/bin/python benchmarks/p3_vs_p0.py --seeds 20 --jobs 1
 
-Data (spec §6.2): mu uniform, Zipf(1.1) or Dirichlet(1) (a fresh mu per seed), n = 200 persons
+Data: mu uniform, Zipf(1.1) or Dirichlet(1) (a fresh mu per seed), n = 200 persons
 with c_i ~ Multinomial(400, mu); attack A0 (none) or A1 (eta = 0.05: floor(eta n) = 10 persons
 replaced by the point mass m e_j, j = argmin mu_j). TV = 1/2 ||estimate - mu||_1 against the
 generating mu. Two modes, each a privacy guarantee with P0 at the same guarantee:

@@ -256,10 +256,15 @@ def quantize_deviations(dev: np.ndarray, radius: float) -> np.ndarray:
 
 
 def exact_unit_sums(units: np.ndarray) -> list[int]:
-    """Exact column sums (Python integers) of fixed-point units (int64, ``|unit| <= 2**QUANT_BITS``):
-    int64 partial sums of at most ``2**(62 - QUANT_BITS)`` rows cannot wrap; they are added as
-    Python integers, so the total is exact and independent of order."""
-    chunk = 2 ** (62 - QUANT_BITS)
+    """Exact column sums (Python integers) of an integer matrix ``(n, d)``: fixed-point units,
+    counts, products of counts. The one exact integer sum of the numpy backends.
+
+    int64 partial sums over chunks of at most ``2**62 // max|unit|`` rows cannot wrap (e.g.
+    ``2**(62 - QUANT_BITS)`` rows of units ``|unit| <= 2**QUANT_BITS``); they are added as Python
+    integers, so the total is exact and independent of order and of the chunking."""
+    units = np.asarray(units, dtype=np.int64)
+    largest = int(np.abs(units).max()) if units.size else 0
+    chunk = max(1, 2**62 // max(largest, 1))
     total = [0] * units.shape[1]
     for start in range(0, units.shape[0], chunk):
         part = np.sum(units[start : start + chunk], axis=0, dtype=np.int64)

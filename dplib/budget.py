@@ -1,9 +1,9 @@
 """Privacy budgets, person groups and the accountant.
 
-Privacy model (``../shared/DESIGN.md``): neighbouring datasets differ by adding or removing all
-records of one person. Persons are split into disjoint groups by **fixed ranges** of a keyed
-hash of their id (see :mod:`dplib.groups`); a stage that reads only the persons of one range is
-charged only on that range. The composed cost of a set of charges is therefore
+Privacy model (docs/privacy/person_level_mean.md, "Neighbouring relation"): neighbouring
+datasets differ by adding or removing all records of one person. Persons are split into disjoint
+groups by **fixed ranges** of a keyed hash of their id (see :mod:`dplib.groups`); a stage that
+reads only the persons of one range is charged only on that range. The composed cost of a set of charges is therefore
 
     cost = max over points x of the hash space of  sum of the charges whose range holds x,
 

@@ -1,9 +1,10 @@
 """Exactly n0 persons: a DP lower bound on the person count, selection by keyed-hash rank, padding.
 
 Some estimators are proved under *replace-one* neighbouring with the number of persons ``n``
-public and fixed (the batch papers' P3, spec ``discrete_batches.md`` §1.3, §7.2; BHS23's
-covariance estimator). DESIGN.md's privacy model is add/remove with ``n`` private. The bridge
-(DESIGN.md, "Estimators whose proofs assume a fixed public n"):
+public and fixed (P3 of the batch estimators, after Kamath, Majid, Moitra, Mouzakis, Ullman's
+batch-level DP; BHS23's covariance estimator). The project's privacy model is add/remove with
+``n`` private. The bridge (docs/privacy/distribution.md, "n0 and padding"; docs/privacy/
+stable_covariance.md, "Person level: exactly n0 person vectors"):
 
 1. **n0** (:func:`release_lower_bound`): release the person count with the Laplace mechanism
    (l1 sensitivity 1 under add/remove, its own charge) and turn it into a lower confidence
@@ -44,7 +45,9 @@ N_MIN = 1
 N_MAX = 2**62
 
 
-def _check_beta(beta: float) -> float:
+def check_beta(beta: float) -> float:
+    """The failure probability of the lower bound, in ``(0, 0.5)`` (the one declaration: every
+    estimator that releases ``n0`` checks its ``beta`` here), else :class:`InvalidParameterError`."""
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 < beta < 0.5:
         raise InvalidParameterError(f"beta (failure probability of the lower bound) must be in (0, 0.5), got {beta!r}")
     return float(beta)
@@ -75,7 +78,7 @@ def lower_bound(noisy_count: float, laplace_scale: float, beta: float, n_min: in
     InvalidParameterError
         A count that is not a real number, scale <= 0, beta outside (0, 0.5), n_min < 1.
     """
-    beta = _check_beta(beta)
+    beta = check_beta(beta)
     if isinstance(noisy_count, bool) or not isinstance(noisy_count, (int, float, np.floating, np.integer)):
         raise InvalidParameterError(f"noisy_count must be a real number, got {noisy_count!r}")
     noisy_count = float(np.clip(np.nan_to_num(float(noisy_count), nan=-N_MAX, posinf=N_MAX, neginf=-N_MAX), -N_MAX, N_MAX))
@@ -123,7 +126,7 @@ def release_lower_bound(exact_count: int, epsilon: float, beta: float, noise: No
     """
     if isinstance(exact_count, bool) or not isinstance(exact_count, (int, np.integer)) or exact_count < 0:
         raise InvalidParameterError("exact_count must be a non-negative integer")
-    beta = _check_beta(beta)
+    beta = check_beta(beta)
     noisy, scale = laplace_mechanism(np.array([float(exact_count)]), inflate(1.0), epsilon, noise)
     del exact_count
     value = float(noisy[0])

@@ -5,7 +5,7 @@ in ``[0, 2**32)``. ``salt_hex`` is 64 hex characters drawn per run from the OS C
 concatenation is unambiguous. A stage reads the persons whose ``h`` falls in a fixed range
 ``[floor(lo * 2**32), floor(hi * 2**32))``. A person's group depends only on (salt, id): adding
 or removing one person moves nobody else, which is what makes parallel composition across
-ranges valid under add/remove neighbouring (DESIGN.md). Ranks, ``ntile`` or equal-size splits
+ranges valid under add/remove neighbouring (docs/privacy/person_level_mean.md). Ranks, ``ntile`` or equal-size splits
 would not be.
 
 Spark computes the same function natively (``sha2(concat(salt, id), 256)``), see

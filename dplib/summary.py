@@ -29,6 +29,8 @@ import math
 
 import numpy as np
 
+from dplib.errors import InvalidParameterError
+
 #: Fixed-point position: a value contributes ``floor(|v| * 2**SHIFT)``.
 SHIFT = 150
 #: Limb width in bits and number of limbs (``LIMBS * LIMB_BITS = 248`` bits of magnitude).
@@ -39,6 +41,20 @@ CLAMP = math.ldexp(2.0**53 - 1.0, 45)
 #: Magnitudes below this contribute 0.
 TINY = math.ldexp(1.0, -SHIFT)
 _MASK = (1 << LIMB_BITS) - 1
+#: Largest record cap ``max_records_per_person`` (the summarize pass keeps a person's capped
+#: records with Spark's bounded ``min_by``, whose ``k`` is limited to this). The one declaration:
+#: :func:`spark_jobs.spark.summarize.summarize` and the job's config read it here.
+MAX_RECORDS_LIMIT = 100_000
+
+
+def check_record_cap(cap):
+    """The record cap ``max_records_per_person``: None (no cap) or an integer in
+    ``[1, MAX_RECORDS_LIMIT]``, else :class:`InvalidParameterError`."""
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_RECORDS_LIMIT:
+        raise InvalidParameterError(f"max_records_per_person must be an integer in [1, {MAX_RECORDS_LIMIT}], got {cap!r}")
+    return cap
 
 
 def limbs(values: np.ndarray) -> np.ndarray:

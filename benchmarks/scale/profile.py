@@ -51,12 +51,13 @@ def _batches_steps(df, m):
     from pyspark.sql import functions as F
 
     from spark_jobs.spark import batches as B
+    from spark_jobs.spark import keys as K
 
     def counted():
         return B._category_counts(df, "person", "cat", ops.CATEGORIES, ops.SALT, ("NA", ""))
 
     def keyed():
-        return B._with_record_key(B.number_copies(counted().repartition("_pid"), ["_pid", "_label", "_cat"]), ops.SALT)
+        return K.with_record_key(K.number_copies(counted().repartition("_pid"), ["_pid", "_label", "_cat"]), ops.SALT)
 
     return {
         "plain groupBy(person, cat).count()": lambda: ops.plain_person_category(df),
@@ -72,7 +73,7 @@ def _capped_steps(df, cap):
 
     from dplib.groups import derive_salt
     from spark_jobs.spark import summarize as S
-    from spark_jobs.spark.batches import _with_record_key, number_copies
+    from spark_jobs.spark.keys import number_copies, with_record_key
 
     salt = derive_salt(ops.SALT, S.CAP_SALT_TAG)
 
@@ -91,7 +92,7 @@ def _capped_steps(df, cap):
         "select + shuffle by person": lambda: rec(False),
         "+ SHA-256 label of the JSON of the value columns": rec,
         "+ hash-aggregated count of identical (person, label, values)": counted,
-        "+ copies, SHA-256 key per record": lambda: _with_record_key(number_copies(counted(), ["_pid", "_label", "_rec"]), salt, keep=("_rec",)),
+        "+ copies, SHA-256 key per record": lambda: with_record_key(number_copies(counted(), ["_pid", "_label", "_rec"]), salt, keep=("_rec",)),
         f"+ min_by keeping R={cap}, limb sums (= capped summarize)": lambda: ops.summarize_pass(df, 1, cap=cap),
     }
 

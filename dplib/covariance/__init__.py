@@ -9,7 +9,8 @@
 - :mod:`dplib.covariance.sampling`: PTR coin, Gaussian and Wishart draws from standard normals.
 - :mod:`dplib.covariance.private`: Algorithms 1, 5.1, 5.2 with FAIL as a result.
 
-Privacy notes: ``docs/privacy/stable_covariance.md``. Spec: ``shared/specs/stable_covariance_bhs23.md``.
+Paper: Brown, Hopkins, Smith, *Fast, Sample-Efficient, Affine-Invariant Private Mean and Covariance
+Estimation for Subgaussian Distributions* (COLT 2023). Privacy notes: ``docs/privacy/stable_covariance.md``.
 """
 
 from dplib.covariance.backend import CovarianceBackend, NumpyCovarianceBackend

@@ -1,4 +1,4 @@
-"""The seam between the BHS23 estimators and the data (spec §5.2).
+"""The seam between the BHS23 estimators and the data (docs/privacy/stable_covariance.md, "Spark backend").
 
 The estimators in :mod:`dplib.covariance.stable` never hold the n rows. They ask a backend for
 exact aggregates over two row sets that the backend fixed once, in the keyed random order of
@@ -61,7 +61,7 @@ CORE_BATCH = 4096
 
 @dataclass(frozen=True)
 class ScanResult:
-    """One Mahalanobis scan of the active pair rows (spec §5.2, StableCovariance): ``counts_above``
+    """One Mahalanobis scan of the active pair rows (StableCovariance): ``counts_above``
     (L,) rows with score above each threshold; ``bucket_grams`` the Gram (d, d) of the rows per score
     bucket; the top-T rows by score (positions (T,), scores (T,), rows (T, d)). Exact aggregates of
     the data: never released, never logged (the algorithm's private output is derived from them)."""
@@ -96,7 +96,7 @@ class ScanResult:
 
 @dataclass(frozen=True)
 class CoreScan:
-    """One StableMean core pass (spec §2.6 fast form): rows per entry level and the per-level sums
+    """One StableMean core pass (its fast form): rows per entry level and the per-level sums
     of (x_i - shift), shapes (2k+2,) and (2k+1, d). Exact aggregates; never released or logged."""
 
     counts: np.ndarray  # (2k + 2,) int64, rows per entry level 0..2k+1

@@ -1,7 +1,7 @@
 """Partition-independent arithmetic shared by every BHS23 backend (numpy and Spark).
 
 The Spark backend must reproduce the numpy backend's subsets, weights and scores *exactly*
-(spec §9 item 9: "inconsistent driver-side vs executor-side score computation"). Two things
+(an inconsistent driver-side vs executor-side score computation would break it). Two things
 normally make results depend on how rows are split into batches or partitions:
 
 1. **Sums** (Gram matrices, per-level vector sums): float addition is not associative, so a

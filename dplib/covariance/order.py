@@ -1,4 +1,4 @@
-"""Data-independent random order, pairing and reference set of BHS23 (spec §1.2, §2.2, §2.7 step 3).
+"""Data-independent random order, pairing and reference set of BHS23 (Pair, Algorithm 1 step 3).
 
 The pairing ``y_i = (x_a - x_b)/sqrt(2)`` and the reference set R need the rows in a uniformly
 random order drawn by the mechanism, independent of the data values. Both come from a keyed hash
@@ -67,7 +67,7 @@ def random_order(n: int, salt_hex: str, ids: Iterable[object] | None = None) -> 
 
 
 def pair(x_ordered: np.ndarray) -> np.ndarray:
-    """Pair(x) of spec §2.2 on rows already in random order: ``y_i = (x_{2i} - x_{2i+1}) / sqrt(2)``.
+    """BHS23's Pair(x) on rows already in random order: ``y_i = (x_{2i} - x_{2i+1}) / sqrt(2)``.
 
     Returns shape ``(floor(n/2), d)``. If the rows are iid N(mu, Sigma), the pairs are iid N(0, Sigma).
     """

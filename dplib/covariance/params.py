@@ -5,18 +5,18 @@ n, d, lambda0): a plan is built, checked and costed before any data is read, and
 refusal (n below the gate, N < 1, epsilon/delta/lambda0 out of the proven range) raises
 :class:`dplib.errors.ConfigError` before any budget is reserved.
 
-Constants (spec ``../shared/specs/stable_covariance_bhs23.md`` §2.0 with the second reader's
-verdicts of §0.0, which override the paper where they differ):
+Constants (Brown, Hopkins, Smith, COLT 2023, with the corrections of docs/privacy/stable_covariance.md,
+"Constants actually used", where they differ from the paper):
 
 ====================  ==============================================================================
 k (Alg 1)             ceil(6 ln(6/delta)/epsilon) + 4          (PTR at (epsilon/3, delta/6))
 k (Alg 5.1)           ceil(4 ln(2/delta)/epsilon) + 4          (PTR at (epsilon/2, delta/2))
 lambda_l, l=0..2k     lambda0 / (1 - l/(10k))                  (Eq. 49)
-gamma (Alg 1)         (20/7) lambda0 / floor(n/2)              (§0.0: lambda_good <= (10/7) lambda0)
+gamma (Alg 1)         (20/7) lambda0 / floor(n/2)              (corrected: lambda_good <= (10/7) lambda0)
 Lambda_l, l=0..2k     lambda0 (1 - gamma)^(-l)                 (Eq. 67 with the corrected gamma)
-M = |R|               6k + ceil(18 ln(16 n/delta))             (paper's M, §0.0)
+M = |R|               6k + ceil(18 ln(16 n/delta))             (the paper's M)
 c^2                   50 / ((1-gamma)^(2k+1) (1-k/n)^4) * (lambda0/n^2) * 18 ln(12/delta)/epsilon^2
-N (Alg 5.1)           floor(n^2 epsilon^2 / (48 lambda0^2 ln(2/delta)))   (§0.0: half the paper's)
+N (Alg 5.1)           floor(n^2 epsilon^2 / (48 lambda0^2 ln(2/delta)))   (corrected: half the paper's)
 gate (Alg 1)          n >= 20 k lambda0 and floor(n/2) >= 10 k lambda0
 gate (Alg 5.1)        n >= 10 k lambda0 and N >= 1
 ====================  ==============================================================================
@@ -42,14 +42,15 @@ ALGORITHM_COV = "bhs23-private-covariance"
 ALGORITHM_GAUSSIAN = "bhs23-gaussian"
 ALGORITHM_VERSION = "1"
 
-#: Constant of the noise multiplier c^2 (§0.0: the paper's 25 rests on a false Corollary 37).
+#: Constant of the noise multiplier c^2 (corrected: the paper's 25 rests on a false Corollary 37;
+#: docs/privacy/stable_covariance.md, "Constants actually used").
 C2_CONSTANT = 50.0
-#: Denominator constant of Algorithm 5.1's N (§0.0: half the paper's 24).
+#: Denominator constant of Algorithm 5.1's N (corrected: half the paper's 24).
 N_CONSTANT = 48.0
-#: Smallest epsilon for which §0.0's Renyi-DP check of N covers Algorithm 5.1.
+#: Smallest epsilon for which the Renyi-DP check of N covers Algorithm 5.1 (docs/privacy/stable_covariance.md).
 MIN_EPSILON_COV = 0.01
-#: Public lambda0 rule (§4.4, §7.2): chi^2_d quantile at 1 - LAMBDA0_TAIL / (n * M), times
-#: (1 + 3 sqrt(d / n)).
+#: Public lambda0 rule (docs/privacy/stable_covariance.md, "Public gates"): chi^2_d quantile at
+#: 1 - LAMBDA0_TAIL / (n * M), times (1 + 3 sqrt(d / n)).
 LAMBDA0_TAIL = 0.01
 
 
@@ -93,12 +94,12 @@ def k_for_ptr(epsilon_ptr: float, delta_ptr: float) -> int:
 
 
 def reference_size(k: int, n: int, delta: float) -> int:
-    """``M = 6k + ceil(18 ln(16 n / delta))`` (Algorithm 1; §0.0 keeps the paper's M)."""
+    """``M = 6k + ceil(18 ln(16 n / delta))`` (Algorithm 1; the paper's M)."""
     return 6 * k + math.ceil(18.0 * math.log(16.0 * n / delta))
 
 
 def default_lambda0(d: int, n: int, tail_rows: float, floor: float) -> float:
-    """Public lambda0 rule of spec §4.4/§7.2: ``chi2_d.isf(0.01/tail_rows) * (1 + 3 sqrt(d/n))``.
+    """Public lambda0 rule (docs/privacy/stable_covariance.md): ``chi2_d.isf(0.01/tail_rows) * (1 + 3 sqrt(d/n))``.
 
     ``tail_rows`` is ``n * M`` for Algorithm 1 and ``n`` for Algorithm 5.1; the result is at least
     ``floor`` (10 for Algorithm 1, 1 for 5.1). Accuracy only: any public lambda0 is private.
@@ -138,7 +139,7 @@ class PrivateMeanPlan:
 
     References
     ----------
-    BHS23 Algorithm 1, Theorem 8, Lemma 15; spec §2.0, §2.7, §0.0.
+    BHS23 Algorithm 1, Theorem 8, Lemma 15; the corrected constants of docs/privacy/stable_covariance.md.
     """
 
     budget: Budget
@@ -208,7 +209,7 @@ class PrivateMeanPlan:
 
     @property
     def c2(self) -> float:
-        """Noise multiplier c^2 (§0.0, constant 50), rounded up."""
+        """Noise multiplier c^2 (corrected constant 50), rounded up."""
         k, n, g = self.k, self.n, self.gamma
         bracket = C2_CONSTANT / ((1.0 - g) ** (2 * k + 1) * (1.0 - k / n) ** 4)
         return _up(_up(bracket * self.lambda0 / n**2) * 2.0 * math.log(2.0 / self.delta_part) / self.epsilon_part**2)
@@ -255,7 +256,7 @@ class PrivateCovariancePlan:
 
     References
     ----------
-    BHS23 Algorithm 5.1, Theorem 43, Claim 46; spec §2.8, §0.0 (N with constant 48).
+    BHS23 Algorithm 5.1, Theorem 43, Claim 46; docs/privacy/stable_covariance.md (N with constant 48).
     """
 
     budget: Budget
@@ -302,7 +303,7 @@ class PrivateCovariancePlan:
 
     @property
     def N(self) -> int:
-        """Synthetic samples ``floor(n^2 eps^2 / (48 lambda0^2 ln(2/delta)))`` (§0.0), rounded down."""
+        """Synthetic samples ``floor(n^2 eps^2 / (48 lambda0^2 ln(2/delta)))`` (corrected), rounded down."""
         e, dl = self.budget.epsilon, self.budget.delta
         raw = self.n**2 * e**2 / (N_CONSTANT * self.lambda0**2 * math.log(2.0 / dl))
         return int(math.floor(math.nextafter(raw, 0.0)))
@@ -330,8 +331,8 @@ class GaussianPlan:
     """Public plan of BHS23 Algorithm 5.2: Algorithm 1 on the n rows and Algorithm 5.1 on their
     floor(n/2) pairs, each with half of (epsilon, delta) (basic composition, Corollary 45).
 
-    The paper's gate ``n >= 272 e^2 lambda0 ln(2/delta)/epsilon`` is an accuracy-side leftover
-    (spec E10); the gates of the two parts are what the privacy proofs need and are enforced.
+    The paper's gate ``n >= 272 e^2 lambda0 ln(2/delta)/epsilon`` is an accuracy-side leftover;
+    the gates of the two parts are what the privacy proofs need and are enforced.
 
     Raises
     ------

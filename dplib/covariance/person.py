@@ -1,9 +1,8 @@
 """BHS23 at person level: exactly n0 person vectors (DP lower bound, keyed-hash rank, padding).
 
-BHS23's proofs are for substitution of one row with the number of rows n public (spec §1.1).
-DESIGN.md's neighbours add or remove a person and the person count is private. The bridge
-(spec §1.2 option (i), DESIGN.md "Estimators whose proofs assume a fixed public n",
-:mod:`dplib.fixed_n`):
+BHS23's proofs are for substitution of one row with the number of rows n public (its
+Definition 2). The project's neighbours add or remove a person and the person count is private.
+The bridge (docs/privacy/stable_covariance.md, "Person level"; :mod:`dplib.fixed_n`):
 
 1. **Person vectors.** One row per person: the person's mean of the d columns
    (``spark_jobs.spark.vectors.person_vectors``; a function of that person's records only).
@@ -14,7 +13,7 @@ DESIGN.md's neighbours add or remove a person and the person count is private. T
    ``SHA-256(salt || ":bhs23-order:" || "p:" || id)`` (64 bits), every dummy ``j`` the key of
    ``"d:" || j``; all rows are sorted by (key, vector) and the first n0 are kept, *in that
    order*: it is both the selection by keyed-hash rank and the uniformly random order that
-   pairing and the reference set need (§2.2). Why one sort suffices: the keys are i.i.d.
+   pairing and the reference set need (Pair). Why one sort suffices: the keys are i.i.d.
    uniform given a fresh secret salt, so given the selected set S the order of S is uniform and
    independent of the vectors; the output law is ``E_S[A(S)]`` with A the algorithm with a
    fresh random order. Coupling the keys of add/remove neighbours, the selected multisets are
@@ -36,7 +35,7 @@ one score unit); in StableMean they are outliers unless they make up most of R. 
 happens only with probability <= beta, costs accuracy or gives FAIL, and never privacy: the
 dummy is public and fixed before any data is read. All rows identical => singular Gram => FAIL.
 
-Heterogeneous records (spec §7.4): a person mean over m_i records has covariance
+Heterogeneous records: a person mean over m_i records has covariance
 Sigma_rec / m_i; different m_i make the person vectors a scale mixture, which raises scores
 and FAIL rates but never changes privacy (each row depends on its own person only).
 """
@@ -61,7 +60,7 @@ from dplib.covariance.params import (
 )
 from dplib.covariance.private import STATUS_FAIL, BHSRelease, Diagnostics, Outcome, private_covariance, private_gaussian, private_mean
 from dplib.errors import ConfigError, InputDataError, InvalidParameterError
-from dplib.fixed_n import release_lower_bound
+from dplib.fixed_n import check_beta, release_lower_bound
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mechanisms.noise import NoiseSource
 
@@ -177,8 +176,7 @@ class PersonBHSPlan:
             raise InvalidParameterError(f"kind must be one of {sorted(KINDS)}, got {self.kind!r}")
         if not isinstance(self.budget, Budget):
             raise ConfigError("budget must be a dplib.budget.Budget")
-        if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not 0.0 < self.beta < 0.5:
-            raise InvalidParameterError(f"beta must be in (0, 0.5), got {self.beta!r}")
+        check_beta(self.beta)
         if isinstance(self.d, bool) or not isinstance(self.d, int) or self.d < 1:
             raise InvalidParameterError(f"d must be an integer >= 1, got {self.d!r}")
         object.__setattr__(self, "dummy", tuple(float(v) for v in check_dummy(self.dummy, self.d)))
@@ -295,7 +293,7 @@ def private_person_statistic(
 
     References
     ----------
-    BHS23 Algorithms 1, 5.1, 5.2; spec §1.2, §7.1, §7.4; DESIGN.md (fixed n0).
+    BHS23 Algorithms 1, 5.1, 5.2; docs/privacy/stable_covariance.md, "Person level" (fixed n0).
     """
     accountant = accountant if accountant is not None else Accountant(plan.budget)
     accountant.check(plan.charges(stage_prefix))

@@ -180,13 +180,14 @@ def private_mean(
     Privacy
     -------
     (epsilon, delta)-DP under substitution of one row with n fixed (Theorem 8 / Lemma 15 with
-    the constants of spec §0.0): PTR (epsilon/3, delta/6) on max(score1, score2); covariance
-    change and mean change (epsilon/3, delta/6) each; unrepresentative R delta/6. Person-level
-    under add/remove via the fixed-n0 rule (spec §1.2, DESIGN.md). Not floating-point hardened.
+    the corrected constants of docs/privacy/stable_covariance.md): PTR (epsilon/3, delta/6) on
+    max(score1, score2); covariance change and mean change (epsilon/3, delta/6) each;
+    unrepresentative R delta/6. Person-level under add/remove via the fixed-n0 rule
+    (docs/privacy/stable_covariance.md, "Person level"). Not floating-point hardened.
 
     References
     ----------
-    Brown, Hopkins, Smith (COLT 2023), Algorithm 1, Theorem 8, Lemmas 9-15; spec §2.7, §3.3.
+    Brown, Hopkins, Smith (COLT 2023), Algorithm 1, Theorem 8, Lemmas 9-15.
     """
     _check_backend(backend, plan.n, plan.m, plan.d, ALGORITHM_MEAN)
     before = getattr(backend, "passes", 0)
@@ -226,12 +227,12 @@ def private_covariance(
     Privacy
     -------
     (epsilon, delta)-DP under substitution with n fixed: PTR (epsilon/2, delta/2) on the
-    2-sensitive score; N-fold Gaussian sampling (epsilon/2, delta/2) with N of spec §0.0
-    (constant 48). Not floating-point hardened.
+    2-sensitive score; N-fold Gaussian sampling (epsilon/2, delta/2) with the corrected N of
+    docs/privacy/stable_covariance.md (constant 48). Not floating-point hardened.
 
     References
     ----------
-    BHS23 Algorithm 5.1, Theorem 43, Claim 46; spec §2.8, §0.0.
+    BHS23 Algorithm 5.1, Theorem 43, Claim 46; docs/privacy/stable_covariance.md.
     """
     _check_backend(backend, backend.n, plan.n, plan.d, ALGORITHM_COV)
     before = getattr(backend, "passes", 0)
@@ -263,7 +264,7 @@ def private_gaussian(
 
     References
     ----------
-    BHS23 Algorithm 5.2, Corollary 45; spec §2.9.
+    BHS23 Algorithm 5.2, Corollary 45.
     """
     mp, cp = plan.mean_plan, plan.cov_plan
     _check_backend(backend, mp.n, mp.m, mp.d, ALGORITHM_GAUSSIAN)

@@ -13,8 +13,8 @@ normals are ``noise.add_gaussian(zeros, 1.0)``; everything else is a transformat
 
 **Not floating-point hardened.** The transformations are ordinary float64 arithmetic on secure
 normals: the released mean and covariance are not protected against floating-point attacks of
-the Mironov kind (DESIGN.md; there is no vetted sampler of N(mu, Sigma) with a data-dependent
-Sigma, nor of a Wishart). Threshold decisions are also float comparisons (spec §3.5 item 6).
+the Mironov kind (docs/privacy/stable_covariance.md, "Randomness"; there is no vetted sampler of
+N(mu, Sigma) with a data-dependent Sigma, nor of a Wishart). Threshold decisions are also float comparisons.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def chi_square(noise: NoiseSource, dof: int) -> float:
 
 
 def ptr_pass_probability(z: float, epsilon: float, delta: float) -> float:
-    """Pr[PASS] of M_PTR^{epsilon, delta} at score z (Claim 10; spec §2.1)."""
+    """Pr[PASS] of M_PTR^{epsilon, delta} at score z (Claim 10)."""
     tau = 2.0 * math.log((1.0 - delta) / delta) / epsilon + 4.0
     if z == 0:
         return 1.0
@@ -117,7 +117,7 @@ def wishart_identity(d: int, dof: int, noise: NoiseSource) -> np.ndarray:
 
 def wishart_release(sigma: np.ndarray, N: int, noise: NoiseSource) -> np.ndarray:
     """``(1/N) sum_{t<=N} Z_t Z_t^T`` with ``Z_t ~ N(0, Sigma)`` iid, drawn as ``A (W/N) A^T``
-    with ``A = chol(Sigma)`` and ``W ~ Wishart_d(N, I)`` (spec §2.8). Symmetrised."""
+    with ``A = chol(Sigma)`` and ``W ~ Wishart_d(N, I)`` (Algorithm 5.1). Symmetrised."""
     d = sigma.shape[0]
     try:
         a = np.linalg.cholesky(sigma)

@@ -4,17 +4,17 @@ Nothing here is private by itself: these are the non-private building blocks who
 (Sigma_hat, mu_hat, the scores) stay inside Algorithms 1 / 5.1 (:mod:`dplib.covariance.private`).
 Never log or release a result of this module.
 
-StableCovariance (spec §2.4, the "fast equivalent"): thresholds are processed in decreasing
+StableCovariance (the "fast equivalent" of Algorithm "3"): thresholds are processed in decreasing
 order; one score pass settles every threshold whose test passes; each removal round removes
 every row with ``s_i > lambda_l`` (strict) at the current level; the Gram matrix of the next
 round is the exact sum of the scan's bucket Grams (no subtraction); the run stops early once
 k rows are removed. At most k removal rounds, so at most k + 1 scans plus one Gram pass; the
-number of passes is never capped below that (spec §5.4).
+number of passes is never capped below that (docs/privacy/stable_covariance.md, "Passes").
 
-StableMean (spec §2.6): one core pass gives every row's entry level from the 2k + 1 largest
+StableMean (Algorithm "4"): one core pass gives every row's entry level from the 2k + 1 largest
 whitened distances to the reference set R.
 
-Numerically singular Gram matrices (spec §7.3): a Gram matrix counts as singular when the
+Numerically singular Gram matrices: a Gram matrix counts as singular when the
 Cholesky factorisation fails or the reciprocal condition number of its correlation-scaled form
 ``D^-1/2 G D^-1/2`` is at most :data:`RCOND_SINGULAR` (exactly singular in exact arithmetic for
 a constant or duplicated column). Singular means every point is an outlier, the paper's rule,
@@ -30,7 +30,7 @@ import numpy as np
 from dplib.covariance.backend import CovarianceBackend
 
 #: Reciprocal condition number (of the correlation-scaled Gram) at or below which a Gram matrix
-#: is treated as singular. Float64 Gram-based scores are reliable up to condition ~1e10 (§7.3).
+#: is treated as singular. Float64 Gram-based scores are reliable up to condition ~1e10.
 RCOND_SINGULAR = 1e-10
 
 
@@ -129,7 +129,7 @@ def stable_covariance(backend: CovarianceBackend, thresholds: tuple[float, ...],
 
     References
     ----------
-    BHS23 Algorithm "3" (L765), LargestGoodSubset (L796), Lemmas 25-28, 32; spec §2.3-2.4, §5.3.
+    BHS23 Algorithm "3" (L765), LargestGoodSubset (L796), Lemmas 25-28, 32.
     """
     m = backend.m
     thr = tuple(float(t) for t in thresholds)
@@ -229,7 +229,7 @@ def stable_mean(
 
     References
     ----------
-    BHS23 Algorithm "4" (L1030), LargestCore (L1045), Def. 35, Lemmas 38-42; spec §2.5-2.6.
+    BHS23 Algorithm "4" (L1030), LargestCore (L1045), Def. 35, Lemmas 38-42.
     """
     n = backend.n
     if M <= 6 * k:

@@ -4,10 +4,11 @@ A person's *batch* is exactly ``m`` of their records, drawn uniformly without re
 through a **public, fixed** category list: category ``j`` (0-based) is ``categories[j]``; a value
 not in the list, or null, is ``OTHER``, the last index ``k - 1`` (``k = len(categories) + 1``).
 The batch's count vector ``c_i`` (shape ``(k,)``, integers, ``sum(c_i) == m``) is all the
-estimators see. Spec: ``../shared/specs/discrete_batches.md`` §1.1, §7.1-7.3, §8 #2, #3, #10.
+estimators see (the batch model of Kamath, Majid, Moitra, Mouzakis, Ullman; docs/privacy/distribution.md,
+"From records to one count vector per person").
 
-Sampling rule (both backends; spec §7.1, §8 #10)
-------------------------------------------------
+Sampling rule (both backends)
+-----------------------------
 Each record gets a *label*: a string fixed by the record alone (Spark: the JSON of the record's
 columns; the caller chooses the columns; the job's default is the category column alone).
 Records with the same person and label are numbered ``j = 0, 1, ...``; which of them gets which
@@ -24,7 +25,7 @@ records are (modelling SHA-256 keyed by a secret random salt as a random functio
 uniform values, whatever the labels say, so their order is a uniformly random permutation and
 the kept ``m`` records are a uniform subset; the category may be part of the label because a
 label only *names* the record, it never orders it. Three rules that look similar are wrong:
-ordering by a data field ("first m by time" correlates with the category, spec §8 #10); hashing
+ordering by a data field ("first m by time" correlates with the category); hashing
 the content **without** the duplicate number ``j`` (exact duplicates tie and are kept or dropped
 together, which under-represents categories that occur in duplicated rows: a person with records
 {A, A, B} and m = 1 would give A with probability 1/2, not 2/3); and numbering records by their
@@ -41,10 +42,10 @@ categories would otherwise share a key).
 
 Persons with fewer than ``m`` records (policy ``drop``, the only one implemented): they have no
 batch and are left out of every statistic, person by person. Under add/remove neighbouring
-(DESIGN.md) this is a per-person rule (a person's presence still changes at most one batch), and
+(docs/privacy/distribution.md) this is a per-person rule (a person's presence still changes at most one batch), and
 the number of persons is never treated as public, so dropping is exact. The estimand is then the
-distribution of the persons with at least ``m`` records. Padding with a filler category (spec
-§7.2) is only needed when n must be public (replace-one proofs, P3); it is not implemented here.
+distribution of the persons with at least ``m`` records. Padding with a filler category
+(:mod:`dplib.fixed_n`) is only needed when n must be public (replace-one proofs, P3); it is not implemented here.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from typing import Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from dplib.aggregates import exact_unit_sums
 from dplib.errors import InvalidParameterError
 from dplib.groups import GroupRange, group_index, in_range, is_salt
 
@@ -247,18 +249,6 @@ def clipped_sum_l2_sensitivity(radius: float, k: int) -> float:
     return float(radius) * (1.0 + math.sqrt(k) / 2.0 ** (QUANT_BITS + 1))
 
 
-def _exact_sum(units: np.ndarray) -> list[int]:
-    """Column sums of an int64 matrix as exact Python integers."""
-    if units.shape[0] == 0:
-        return [0] * units.shape[1]
-    chunk = 2**20  # |unit| <= 2**31: chunks of 2**20 rows cannot wrap int64
-    total = [0] * units.shape[1]
-    for s in range(0, units.shape[0], chunk):
-        part = units[s : s + chunk].sum(axis=0)
-        total = [t + int(p) for t, p in zip(total, part)]
-    return total
-
-
 class NumpyBatches:
     """The numpy twin of the Spark batch plan: the same batches and statistics from arrays.
 
@@ -349,16 +339,16 @@ class NumpyBatches:
 
     def sums(self, group: GroupRange) -> tuple[int, tuple[int, ...]]:
         c = self._rows(group)
-        return int(c.shape[0]), tuple(int(x) for x in _exact_sum(c))
+        return int(c.shape[0]), tuple(exact_unit_sums(c))
 
     def moments(self, group: GroupRange) -> BatchMoments:
         c = self._rows(group)
         n = int(c.shape[0])
-        sum_counts = tuple(int(x) for x in _exact_sum(c))
+        sum_counts = tuple(exact_unit_sums(c))
         outer = [[0] * self.k for _ in range(self.k)]
         for a in range(self.k):
             for b in range(a, self.k):
-                v = sum(_exact_sum((c[:, a] * c[:, b])[:, None]))
+                (v,) = exact_unit_sums((c[:, a] * c[:, b])[:, None])
                 outer[a][b] = outer[b][a] = int(v)
         return BatchMoments(n, sum_counts, tuple(tuple(r) for r in outer))
 
@@ -377,7 +367,7 @@ class NumpyBatches:
         center = check_clip(center, radius, norm, self.k)
         c = self._rows(group)
         units = clipped_units(c, self.m, center, float(radius), norm)
-        total = _exact_sum(units)
+        total = exact_unit_sums(units)
         return np.array([float(t) for t in total]) * (float(radius) / QUANT_SCALE), int(c.shape[0])
 
 

@@ -1,13 +1,15 @@
 """Fractional-repair certificate (FRC) and the convex-concave search over the mean.
 
-Spec ``../shared/specs/discrete_batches.md`` §0.0, §2.6 (b) (FRC), §2.6 (c) (CCP), §2.7
-(heterogeneity allowance), §5 (tau_cov), §7.4 (DPP parameters), Appendix B.
+Ours, after Kamath, Majid, Moitra, Mouzakis, Ullman: the certificate replaces the pseudo-expectation
+of Algorithm 3.1 by a probability measure with a repair point (its accuracy argument mirrors
+Lemma 3.8; tau_cov with the heterogeneity allowance of Corollary 3.11). Derivation and premises:
+docs/privacy/distribution.md, "P3: robust and private" and "Robust building blocks".
 
 **Nothing here is differentially private.** The minimal discard, the kept weights and the CCP
 estimate are functions of the exact data: library functions for trusted analysis and the score
 inside P3 (:mod:`dplib.distribution.p3`, which releases only an exponential-mechanism draw).
 
-The FRC for a fixed candidate mean ``nu`` (spec §2.6b). Batches are grouped by distinct count
+The FRC for a fixed candidate mean ``nu``. Batches are grouped by distinct count
 vector ``c_g`` (``g = 1..D``, multiplicity ``n_g``, ``a_g = n_g / n``, ``y_g = c_g / m``,
 ``z_g = y_g - nu``); one kept fraction ``omega_g in [0, 1]`` per group (grouping is exact for a
 fixed ``nu``: the program is convex and symmetric within a group). With ``x_g = a_g omega_g``::
@@ -22,9 +24,9 @@ with ``A = sum_g x_g z_g z_g^T``, ``s = sum_g x_g z_g``, ``Sigma(nu) = (diag(nu)
 The LMI is the Schur form of ``Cov(P) - Sigma(nu) <= Diag(lambda)`` for the probability measure
 ``P`` that puts mass ``x_g`` at ``y_g`` and the discarded mass ``d`` at one repair point, so
 that its mean is exactly ``nu``: the covariance is normalised by ``n`` with the repair point,
-**never by the kept mass** (spec §0.0; the kept-mass form has no sensitivity bound).
+**never by the kept mass** (the kept-mass form has no sensitivity bound; docs/privacy/distribution.md, P3).
 
-Certified values (spec §3.7 "Numerical rigour", §0.0): :meth:`FRC.certify` brackets the exact
+Certified values: :meth:`FRC.certify` brackets the exact
 optimum ``d*`` of the program (exact rational data ``c_g / m``, ``n_g / n``, ``nu``) between
 ``lower`` (weak duality, evaluated at the solver's dual point made exactly feasible) and
 ``upper`` (the solver's primal point shrunk and checked exactly by an eigenvalue test), with
@@ -42,14 +44,14 @@ from typing import Literal, Mapping, Sequence
 import numpy as np
 
 from dplib.distribution.batches import check_batch_size
-from dplib.distribution.private import project_to_simplex
 from dplib.distribution.robust import STATUS_OK, STATUS_OVERTRIM, SolverError, histogram_arrays, sigma_matrix
+from dplib.distribution.simplex import project_to_simplex
 from dplib.errors import InvalidParameterError
 
 log = logging.getLogger(__name__)
 
-#: Discard above OVERTRIM_FACTOR * eta gives status OVERTRIM (the filter's safeguard, spec §4.3,
-#: §5: eta underestimated or heterogeneity not budgeted, §2.7, §8 #7).
+#: Discard above OVERTRIM_FACTOR * eta gives status OVERTRIM (the filter's safeguard:
+#: eta underestimated, or heterogeneity not budgeted, Corollary 3.11).
 OVERTRIM_FACTOR = 3.0
 #: Relative float-rounding margin of the certified bounds. Every bound is moved by this fraction
 #: of the magnitude of the terms it sums (float64 rounding of sums of <= 10^6 terms is below
@@ -58,14 +60,14 @@ REL_MARGIN = 1e-9
 #: The primal point is computed at tau_cov (1 - TAU_SLACK); the slack is spread back over lambda
 #: so that the verified LMI has room for the solver's own feasibility error.
 TAU_SLACK = 1e-6
-#: Shrink factors tried on the solver's kept fractions until the LMI verifies (spec §3.7: "exact
-#: eigenvalue check of the LMI after a tiny shrink").
+#: Shrink factors tried on the solver's kept fractions until the LMI verifies (an exact
+#: eigenvalue check of the LMI after a tiny shrink).
 SHRINKS = (0.0, 1e-7, 1e-6, 1e-5, 1e-4)
 #: Kept fractions below these floors are also tried at 0 (the solver leaves ~1e-10 on batches
 #: that the repair constraint excludes at a face of the simplex; dropping kept mass is again a
 #: move into the repair atom).
 KEEP_FLOORS = (0.0, 1e-9, 1e-7)
-#: Solvers tried in order by :meth:`FRC.certify` (spec §5: Clarabel for P3; SCS as the retry).
+#: Solvers tried in order by :meth:`FRC.certify` (Clarabel first; SCS as the retry).
 CERTIFY_SOLVERS = ("CLARABEL", "SCS")
 #: Attempts of :meth:`FRC.certify`: each solver warm (cvxpy reuses its cached solver object
 #: across candidate means), then each again from a fresh solver object. The cached path depends
@@ -74,15 +76,36 @@ CERTIFY_SOLVERS = ("CLARABEL", "SCS")
 #: one succeeds never changes the guarantee S0 <= S_up <= S0 + g.
 CERTIFY_ATTEMPTS = tuple((solver, warm) for warm in (True, False) for solver in CERTIFY_SOLVERS)
 _EPS = float(np.finfo(np.float64).eps)
+#: Ranges of the certificate's rates, the inputs of :func:`tau_cov`: ``name -> (low, high, low
+#: end included)``, every range open at ``high``. The one declaration: P3's plan
+#: (:class:`dplib.distribution.private.DistributionPlan`) checks its eta and omega here.
+RATE_LIMITS = {"eta": (0.0, 0.5, False), "omega": (0.0, 1.0, True), "beta": (0.0, 1.0, False)}
+
+
+def check_rate(name: str, value) -> float:
+    """``value`` of the rate ``name`` ("eta", "omega" or "beta") inside :data:`RATE_LIMITS`,
+    as a float, else :class:`InvalidParameterError` naming it and its range."""
+    lo, hi, closed = RATE_LIMITS[name]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (ok and (lo <= value if closed else lo < value) and value < hi):
+        raise InvalidParameterError(f"{name} must be a number in {'[' if closed else '('}{lo:g}, {hi:g}), got {value!r}")
+    return float(value)
+
+
+def check_rates(eta: float, omega: float, beta: float) -> None:
+    """:func:`check_rate` of each of eta, omega and beta."""
+    for name, value in (("eta", eta), ("omega", omega), ("beta", beta)):
+        check_rate(name, value)
 
 
 def tau_cov(k: int, n: float, m: int, eta: float, omega: float = 0.0, beta: float = 0.05, C_tau: float = 2.0) -> float:
-    """Certificate trace budget in **trace units** (spec §5, §2.7, Corollary 3.11):
+    """Certificate trace budget in **trace units** (Algorithm 4.1 step 6, with the heterogeneity allowance of
+    Corollary 3.11; constants ours):
     ``C_tau eta ln(1/eta) / m + 2 sqrt((k + ln(1/beta)) / n) / m + 4 (omega / m + omega^2)``.
 
     The middle term is the null (sampling) term of clean data; the last the heterogeneity
     allowance (``C_het = 4`` in trace units). As a function of ``n`` it is non-increasing with
-    ``n tau`` non-decreasing (spec §0.0's condition for the add/remove bound). In P3 every input
+    ``n tau`` non-decreasing (the condition of the add/remove bound, docs/privacy/distribution.md). In P3 every input
     is public (``n`` is the fixed public number of batches).
 
     Raises
@@ -95,14 +118,12 @@ def tau_cov(k: int, n: float, m: int, eta: float, omega: float = 0.0, beta: floa
     checks = (
         (isinstance(k, (int, np.integer)) and k >= 2, "k", k),
         (isinstance(n, (int, float, np.integer)) and math.isfinite(n) and n >= 1, "n", n),
-        (isinstance(eta, (int, float)) and 0.0 < eta < 0.5, "eta", eta),
-        (isinstance(omega, (int, float)) and 0.0 <= omega < 1.0, "omega", omega),
-        (isinstance(beta, (int, float)) and 0.0 < beta < 1.0, "beta", beta),
         (isinstance(C_tau, (int, float)) and math.isfinite(C_tau) and C_tau > 0, "C_tau", C_tau),
     )
     for ok, name, value in checks:
         if not ok or isinstance(value, bool):
             raise InvalidParameterError(f"{name} out of range for tau_cov, got {value!r}")
+    check_rates(eta, omega, beta)
     return (
         C_tau * eta * math.log(1.0 / eta) / m
         + 2.0 * math.sqrt((k + math.log(1.0 / beta)) / n) / m
@@ -149,7 +170,7 @@ class CertifiedDiscard:
     dual: tuple | None = field(default=None, compare=False, repr=False)
 
     def gap(self, n: float) -> float:
-        """``n (upper - lower)``: the bracket's width in batch units (spec §0.0)."""
+        """``n (upper - lower)``: the bracket's width in batch units."""
         return float(n) * (self.upper - self.lower)
 
 
@@ -163,8 +184,8 @@ def _check_nu(nu: Sequence[float], k: int) -> np.ndarray:
 class FRC:
     """The FRC of one histogram of distinct count vectors, solved at many candidate means.
 
-    Built once (cvxpy compile, DPP parameters ``nu``, ``nu nu^T``, ``Sigma(nu)``: spec §7.4,
-    Appendix B); :meth:`solve` and :meth:`certify` then re-solve without recompiling.
+    Built once (cvxpy compile, DPP parameters ``nu``, ``nu nu^T``, ``Sigma(nu)``); :meth:`solve`
+    and :meth:`certify` then re-solve without recompiling.
 
     Parameters
     ----------
@@ -173,7 +194,7 @@ class FRC:
     m : int
         Draws per batch.
     tau : float
-        Trace budget ``tau_cov`` (trace units, :func:`tau_cov`); public and fixed (spec §0.0).
+        Trace budget ``tau_cov`` (trace units, :func:`tau_cov`); public and fixed (docs/privacy/distribution.md, P3).
     solver : {"CLARABEL", "SCS"}, default "CLARABEL"
         First solver of :meth:`solve`.
 
@@ -187,13 +208,12 @@ class FRC:
     Raises
     ------
     InvalidParameterError
-        Bad histogram, ``m`` or ``tau`` (``tau`` must be > 0: near 1e-7 certification fails,
-        spec §0.0).
+        Bad histogram, ``m`` or ``tau`` (``tau`` must be > 0: near 1e-7 certification fails).
 
     Privacy
     -------
     None (non-private). Under replace-one with ``n`` fixed, the exact ``n d*(nu)`` has
-    sensitivity <= 1 (spec §2.6b, §0.0: zero the replaced batch and merge its mass into the
+    sensitivity <= 1 (docs/privacy/distribution.md: zero the replaced batch and merge its mass into the
     repair atom); P3 relies on it through :meth:`certify`.
     """
 
@@ -216,7 +236,7 @@ class FRC:
         """The parametrised cvxpy problem at trace budget ``tau`` (compiled once, cached)."""
         if tau in self._problems:
             return self._problems[tau]
-        import cvxpy as cp  # heavy import, only here
+        import cvxpy as cp  # lazy: a ~2 s import that only the solves need
 
         D, k, y, a = self.y.shape[0], self.k, self.y, self.a
         yy = np.einsum("gi,gj->gij", y, y).reshape(D, k * k)
@@ -240,7 +260,7 @@ class FRC:
         return self._problems[tau]
 
     def _run(self, nu: np.ndarray, tau: float, solver: str, warm_start: bool = True):
-        import cvxpy as cp
+        import cvxpy as cp  # lazy: as in _problem
 
         prob, p_nu, p_nunu, p_sig, om, lam, cons = self._problem(tau)
         p_nu.value, p_nunu.value, p_sig.value = nu, np.outer(nu, nu), sigma_matrix(nu, self.m)
@@ -281,7 +301,7 @@ class FRC:
         forces ``x_g = 0`` there; a solver leaves ~1e-6 on them at some faces of the simplex
         grid, which made the check fail and a P3 release abort), and it is shrunk by
         the factors of :data:`SHRINKS` (moving kept mass into the repair
-        atom never increases the covariance, spec §2.6b) until every constraint holds with a
+        atom never increases the covariance) until every constraint holds with a
         margin of :data:`REL_MARGIN` times its terms' magnitude: ``d > 0`` and the Schur
         complement ``Diag(lam) + Sigma(nu) - A - s s^T / d`` has its smallest eigenvalue above
         the margin (which covers the eigenvalue solver's backward error, <= k eps ||.||), the
@@ -361,7 +381,7 @@ class FRC:
         return max(0.0, value)
 
     def certify(self, nu: Sequence[float], max_gap: float | None = None) -> CertifiedDiscard:
-        """Verified bracket of the exact minimal discard at ``nu`` (spec §3.7 sandwich).
+        """Verified bracket of the exact minimal discard at ``nu`` (P3's sandwich ``S0 <= S_up <= S0 + g``).
 
         Tries the attempts of :data:`CERTIFY_ATTEMPTS` in order (Clarabel, SCS, then both again
         from fresh solver objects) and returns the first bracket
@@ -442,12 +462,6 @@ class FRCResult:
     status: Literal["OK", "OVERTRIM"]
 
 
-def _check_rates(eta: float, omega: float, beta: float) -> None:
-    for name, v, lo, hi in (("eta", eta, 0.0, 0.5), ("omega", omega, -1e-300, 1.0), ("beta", beta, 0.0, 1.0)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo < v < hi:
-            raise InvalidParameterError(f"{name} must be a number in ({max(lo, 0.0)}, {hi}), got {v!r}")
-
-
 def frc_min_discard(
     hist: Mapping[tuple[int, ...], int],
     m: int,
@@ -458,7 +472,7 @@ def frc_min_discard(
     C_tau: float = 2.0,
     tau: float | None = None,
 ) -> FRCResult:
-    """Minimal fractional discard that certifies the candidate mean ``nu`` (spec §2.6b).
+    """Minimal fractional discard that certifies the candidate mean ``nu``.
 
     Parameters
     ----------
@@ -471,7 +485,7 @@ def frc_min_discard(
     eta : float in (0, 0.5)
         Corruption bound: in ``tau_cov`` and the OVERTRIM rule.
     omega : float in [0, 1), default 0
-        Heterogeneity allowance (Corollary 3.11, §2.7): ``+ 4 (omega/m + omega^2)`` in tau_cov.
+        Heterogeneity allowance (Corollary 3.11): ``+ 4 (omega/m + omega^2)`` in tau_cov.
     beta : float, default 0.05
         Failure probability of the null term.
     C_tau : float, default 2
@@ -496,10 +510,11 @@ def frc_min_discard(
     Accuracy
     --------
     Any certificate with discard ``<= eta_0`` on eta_0-good data has TV error
-    O(eta_0 sqrt(ln(1/eta_0)/m)) (+ O(omega)) (spec §2.6b [DERIVED], the proof of Lemma 3.8).
+    O(eta_0 sqrt(ln(1/eta_0)/m)) (+ O(omega)) (our derivation, mirroring the proof of Lemma 3.8;
+    docs/privacy/distribution.md).
     """
     m = check_batch_size(m)
-    _check_rates(eta, omega, beta)
+    check_rates(eta, omega, beta)
     counts, mult = histogram_arrays(hist, m)
     k, n = counts.shape[1], int(mult.sum())
     t = tau_cov(k, n, m, eta, omega, beta, C_tau) if tau is None else tau
@@ -552,7 +567,7 @@ def ccp_search(
     tol: float = 1e-4,
     solver: str = "CLARABEL",
 ) -> CCPResult:
-    """Convex-concave search over the candidate mean (spec §2.6c).
+    """Convex-concave search over the candidate mean.
 
     Jointly in ``(omega, rho, lambda)`` with ``nu = sum_g x_g y_g + rho``, ``rho >= 0``,
     ``1^T rho = d``: minimise ``d`` subject to the Schur form
@@ -567,7 +582,7 @@ def ccp_search(
     hist, m, eta, omega, beta, C_tau
         As :func:`frc_min_discard`.
     start : sequence of k float, optional
-        ``nu_0``; default the naive mean (or pass the filter's output, spec §2.6d).
+        ``nu_0``; default the naive mean (or pass the filter's output).
     max_iter : int, default 10
     tol : float, default 1e-4
     solver : {"CLARABEL", "SCS"}
@@ -587,10 +602,10 @@ def ccp_search(
     -------
     None (non-private library function).
     """
-    import cvxpy as cp
+    import cvxpy as cp  # lazy: a ~2 s import that only the solves need
 
     m = check_batch_size(m)
-    _check_rates(eta, omega, beta)
+    check_rates(eta, omega, beta)
     if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
         raise InvalidParameterError(f"max_iter must be an integer >= 1, got {max_iter!r}")
     if solver not in CERTIFY_SOLVERS:

@@ -1,22 +1,22 @@
 """P3: exact pure-DP exponential mechanism over a simplex grid with the certified FRC score.
 
-Spec ``../shared/specs/discrete_batches.md`` §0.0 (the score's sensitivity and its premises),
-§2.6b (FRC), §3.2 (score, closeness relaxation), §3.7 P3 (grid, sandwich, sampling), §5 (grid,
-eta_priv, tau_cov, gap), §7.2 (n public: n0 and padding), §8 #3-#5; Kamath, Majid, Moitra,
-Mouzakis, Ullman, Algorithm 4.1 / Definition 4.5 with the FRC in place of degree-6 SoS.
+Kamath, Majid, Moitra, Mouzakis, Ullman, Algorithm 4.1 and the score of Definition 4.5 (with its closeness
+condition, Definition 4.3), with the fractional-repair certificate (:mod:`dplib.distribution.frc`)
+in place of degree-6 sum-of-squares, on a finite grid; the derivation, the premises of the score's
+sensitivity and the parameters are in docs/privacy/distribution.md, "P3: robust and private".
 
 Mechanism, on exactly ``n`` count vectors (``n = n0`` from :mod:`dplib.fixed_n`, padded with
 :func:`dummy_batch`)::
 
     grid   G_grid = {i / G : i in Z^k_{>=0}, sum i = G}       (public, data-independent)
-    S0(nu) = n * d*(nu)        d* the FRC's minimal discard at nu with public tau_cov (§2.6b)
+    S0(nu) = n * d*(nu)        d* the FRC's minimal discard at nu with public tau_cov (frc.py)
     S_up   = n * upper         the verified bracket's upper end (:meth:`FRC.certify`), with
                                n * (upper - lower) <= g for every grid point, else abort
     S_r(nu)= min{S_up(nu') : nu' in grid, ||nu' - nu||_1 <= r}   r = closeness_radius (public;
                                default 0: S_r = S_up, no minimum)
     output nu with probability prop. to exp(-epsilon * S_r(nu) / (2 (1 + g)))
 
-Privacy (replace-one on the n count vectors, spec §0.0): the exact ``S0`` has sensitivity <= 1
+Privacy (replace-one on the n count vectors; docs/privacy/distribution.md): the exact ``S0`` has sensitivity <= 1
 **only** because (i) the covariance is the full measure's, normalised by n with the repair point
 (never the kept mass), (ii) the weights are fractional, (iii) ``tau_cov``, m, the grid and
 the closeness radius are public and fixed before the data is read, (iv) the mechanism sees certified scores
@@ -27,8 +27,7 @@ mechanism at ``epsilon / (2 (1 + g))`` per unit is epsilon-DP (McSherry-Talwar).
 exactly by report-noisy-max with Gumbel noise (OpenDP ``make_noisy_max`` on a secure source,
 :class:`dplib.mechanisms.exponential.ExponentialMechanism`), which :func:`p3_mechanism` builds
 from public inputs before any charge. A solver failure, or a bracket wider than g, aborts the
-release (:class:`~dplib.distribution.robust.SolverError`); it is never mapped to a score (spec
-§3.7, §8 #4).
+release (:class:`~dplib.distribution.robust.SolverError`); it is never mapped to a score.
 
 The number of persons scored is ``n = min(n0, MAX_PERSONS)``: a fixed total map of the DP
 output n0 (post-processing). The certified bracket's width in batch units grows like ``n``
@@ -38,7 +37,7 @@ mechanism is the same one on the ``n`` persons of smallest keyed-hash rank (cond
 ``n``, add/remove is still one substitution, :mod:`dplib.fixed_n`).
 
 The closeness radius r is separate from the grid and from the accuracy target ``alpha`` (which
-sets ``G = ceil(2k/alpha)`` and ``eta_priv``). The spec's r = alpha (the paper's closeness
+sets ``G = ceil(2k/alpha)`` and ``eta_priv``). The paper's r = alpha (its closeness
 condition, Definition 4.3, needed for its continuous volume argument) makes ``S_r`` flat on an
 l1 ball of radius alpha around the best point, so the output is close to uniform on it (TV about
 alpha/2); on a finite grid the exponential mechanism's utility bound holds for any r, and r = 0
@@ -55,21 +54,29 @@ from typing import Mapping
 import numpy as np
 
 from dplib.distribution.frc import FRC, tau_cov
-from dplib.distribution.private import P3_DEFAULT_CLOSENESS_RADIUS
 from dplib.errors import InvalidParameterError
+from dplib.fixed_n import pad_histogram, release_lower_bound
 from dplib.mechanisms import ExponentialMechanism, NoiseSource, exponential_mechanism_probabilities, inflate
 
-#: Largest k P3 accepts (spec §3.7: feasible for k <= 4-5).
+#: P3's stages (charge names): the DP person count n0, then the exponential mechanism. The plan
+#: (:class:`dplib.distribution.private.DistributionPlan`) names its stages with these.
+STAGE_COUNT = "person count (n0)"
+STAGE_P3 = "P3 exponential mechanism"
+
+#: Largest k P3 accepts (the grid and its certified solves stay feasible for k <= 4-5).
 MAX_K = 5
 #: Largest number of grid points (each is one certified SDP solve, ~10 ms).
 MAX_GRID_POINTS = 20_000
-#: Sandwich gap g in batch units (spec §5: g <= 0.01).
+#: Sandwich gap g in batch units.
 SANDWICH_GAP = 0.01
-#: Largest eta_priv (spec §5: eta_abs = 0.05) and the constant of its rule.
+#: Largest eta_priv and the constant of its rule (Algorithm 4.1 step 6 leaves both open; ours).
 ETA_PRIV_MAX = 0.05
 ETA_PRIV_CONSTANT = 1.5
-#: Default closeness radius (l1) of the neighbourhood minimum (defined beside the plan).
-DEFAULT_CLOSENESS_RADIUS = P3_DEFAULT_CLOSENESS_RADIUS
+#: Default closeness radius (l1) of the score's neighbourhood minimum: 0, none (the plan's
+#: default too). The paper's radius alpha flattens the score on an alpha-ball (output ~uniform on
+#: it, TV ~alpha/2 = 0.03 at k = 3); radius 0 was the most accurate in benchmarks/p3_vs_p0.py
+#: (benchmarks/README.md).
+DEFAULT_CLOSENESS_RADIUS = 0.0
 #: Largest number of persons P3 scores (``n = min(n0, MAX_PERSONS)``, public). The certified
 #: bracket's width in batch units is about 1.2e-7 n (k = 3, m = 10; measured up to n = 5e4), so
 #: g = 0.01 fails for every grid point from ~8e4 persons on; 2e4 keeps a 4x margin. Far below
@@ -77,8 +84,33 @@ DEFAULT_CLOSENESS_RADIUS = P3_DEFAULT_CLOSENESS_RADIUS
 MAX_PERSONS = 20_000
 
 
+def check_alpha(alpha) -> float:
+    """P3's accuracy target alpha (l1), in ``(0, 2]`` (the one declaration), else
+    :class:`InvalidParameterError`."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 2.0:
+        raise InvalidParameterError(f"alpha must be in (0, 2], got {alpha!r}")
+    return float(alpha)
+
+
+def check_grid_resolution(G) -> int:
+    """P3's grid resolution G (grid points ``i / G``): an integer >= 1, else
+    :class:`InvalidParameterError`. (The number of grid points it gives at k is capped by
+    :data:`MAX_GRID_POINTS` in :func:`p3_setup`.)"""
+    if isinstance(G, bool) or not isinstance(G, int) or G < 1:
+        raise InvalidParameterError(f"grid_resolution must be an integer >= 1, got {G!r}")
+    return G
+
+
+def check_closeness_radius(r) -> float:
+    """P3's closeness radius (l1), a finite number in ``[0, 2]`` (0 = no neighbourhood
+    minimum), else :class:`InvalidParameterError`."""
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not (math.isfinite(r) and 0.0 <= r <= 2.0):
+        raise InvalidParameterError(f"closeness_radius must be a number in [0, 2] (l1; 0 = no minimum), got {r!r}")
+    return float(r)
+
+
 def grid_resolution(k: int, alpha: float) -> int:
-    """Default grid resolution ``G = ceil(2k / alpha)`` (spec §3.7, §5)."""
+    """Default grid resolution ``G = ceil(2k / alpha)``."""
     return int(math.ceil(2.0 * k / alpha - 1e-9))
 
 
@@ -98,7 +130,7 @@ def simplex_grid(k: int, G: int) -> np.ndarray:
 
 
 def eta_priv(alpha: float, m: int) -> float:
-    """The internal trimming level (spec §5): the largest ``eta <= 0.05`` with
+    """The internal trimming level (Algorithm 4.1 step 6, constants ours): the largest ``eta <= 0.05`` with
     ``1.5 eta sqrt(ln(1/eta) / m) <= alpha / 4`` (``eta sqrt(ln(1/eta))`` increases on (0, 0.05],
     so bisection finds it)."""
     f = lambda e: ETA_PRIV_CONSTANT * e * math.sqrt(math.log(1.0 / e) / m)  # noqa: E731
@@ -114,7 +146,7 @@ def eta_priv(alpha: float, m: int) -> float:
 def dummy_batch(k: int, m: int) -> tuple[int, ...]:
     """The fixed public padding batch: all ``m`` draws in OTHER (index ``k - 1``), i.e. the
     point mass ``m e_OTHER``. Chosen before any data is read; a point mass is the batch the FRC
-    discards most cheaply when it is an outlier, and OTHER carries no named category (spec §7.2;
+    discards most cheaply when it is an outlier, and OTHER carries no named category (docs/privacy/distribution.md;
     padding happens with probability <= beta and acts as corruption of at most ``n0 - n``
     batches)."""
     return tuple([0] * (k - 1) + [int(m)])
@@ -136,7 +168,8 @@ def neighbourhood_offsets(k: int, radius: int) -> np.ndarray:
 
 
 def neighbourhood_min(grid: np.ndarray, scores: np.ndarray, G: int, radius: float) -> np.ndarray:
-    """``S_r(nu) = min{S(nu') : nu' in grid, ||nu' - nu||_1 <= r}`` (spec §3.7), ``r = radius``.
+    """``S_r(nu) = min{S(nu') : nu' in grid, ||nu' - nu||_1 <= r}``, ``r = radius``: the closeness
+    relaxation of Definition 4.3 on the grid.
 
     ``grid`` (N, k) integer rows summing to ``G``; ``scores`` (N,). The neighbourhoods depend on
     ``(k, G, radius)`` only, so a minimum of sensitivity-``s`` functions has sensitivity ``s``.
@@ -242,8 +275,6 @@ def p3_exponential_mechanism(epsilon: float, noise: NoiseSource, gap: float = SA
 def p3_mechanism(plan, noise: NoiseSource) -> ExponentialMechanism:
     """:func:`p3_exponential_mechanism` at the plan's mechanism budget and :data:`SANDWICH_GAP`
     (what :func:`p3_release` draws with); a pure function of the public plan."""
-    from dplib.distribution.private import STAGE_P3
-
     return p3_exponential_mechanism(plan.stage_budgets[STAGE_P3].epsilon, noise, SANDWICH_GAP)
 
 
@@ -286,7 +317,7 @@ class P3Setup:
 def p3_setup(k: int, m: int, n: int, alpha: float, G: int | None, eta: float | None, omega: float | None,
              beta: float, gap: float = SANDWICH_GAP, closeness_radius: float = DEFAULT_CLOSENESS_RADIUS) -> P3Setup:
     """Public parameters: ``G`` (default ``ceil(2k/alpha)``), ``eta_priv`` (default
-    :func:`eta_priv`), ``tau_cov`` at ``eta_priv`` with ``n`` and ``omega`` (spec §3.7, §5), and
+    :func:`eta_priv`), ``tau_cov`` at ``eta_priv`` with ``n`` and ``omega``, and
     the closeness radius (l1, in [0, 2]; 0 = no neighbourhood minimum).
 
     Raises
@@ -296,23 +327,17 @@ def p3_setup(k: int, m: int, n: int, alpha: float, G: int | None, eta: float | N
     """
     if not 2 <= k <= MAX_K:
         raise InvalidParameterError(f"P3 needs k <= {MAX_K} categories (incl. OTHER), got k = {k}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 2.0:
-        raise InvalidParameterError(f"alpha must be in (0, 2], got {alpha!r}")
-    G = grid_resolution(k, alpha) if G is None else G
-    if isinstance(G, bool) or not isinstance(G, int) or G < 1:
-        raise InvalidParameterError(f"grid_resolution must be an integer >= 1, got {G!r}")
+    check_alpha(alpha)
+    G = check_grid_resolution(grid_resolution(k, alpha) if G is None else G)
     if grid_size(k, G) > MAX_GRID_POINTS:
         raise InvalidParameterError(
             f"grid_resolution {G} at k = {k} gives {grid_size(k, G)} grid points, more than {MAX_GRID_POINTS}: "
             "raise alpha or lower grid_resolution"
         )
-    r = closeness_radius
-    if isinstance(r, bool) or not isinstance(r, (int, float)) or not (math.isfinite(r) and 0.0 <= r <= 2.0):
-        raise InvalidParameterError(f"closeness_radius must be a number in [0, 2] (l1; 0 = no minimum), got {r!r}")
+    r = check_closeness_radius(closeness_radius)
     e = eta_priv(alpha, m) if eta is None else eta
     w = 0.0 if omega is None else omega
-    return P3Setup(k, m, int(n), G, float(alpha), float(e), float(w), float(beta), tau_cov(k, n, m, e, w, beta), gap,
-                   float(r))
+    return P3Setup(k, m, int(n), G, float(alpha), float(e), float(w), float(beta), tau_cov(k, n, m, e, w, beta), gap, r)
 
 
 def p3_histogram(backend, plan, noise: NoiseSource, charge) -> tuple[dict, int, dict]:
@@ -332,9 +357,6 @@ def p3_histogram(backend, plan, noise: NoiseSource, charge) -> tuple[dict, int, 
     (histogram {count vector: persons} summing to n (non-private, for the mechanism only), n
     (DP or, in the benchmark mode, the exact count), release parameters (DP values only))
     """
-    from dplib.distribution.private import STAGE_COUNT, STAGE_P3
-    from dplib.fixed_n import pad_histogram, release_lower_bound
-
     k, m, group = plan.k, plan.m, plan.group
     params: dict = {"p3_n_mode": plan.p3_n_mode}
     if plan.p3_n_mode == "public_as_in_paper":
@@ -383,10 +405,8 @@ def p3_release(backend, plan, noise: NoiseSource, charge,
     -------
     Add/remove one person: ``(epsilon_count + epsilon_em, 0)``. Conditioned on ``n`` the
     selected multiset changes by one substitution (:mod:`dplib.fixed_n`), and the mechanism is
-    epsilon_em-DP under substitution with n fixed (module docstring, spec §0.0, §3.7).
+    epsilon_em-DP under substitution with n fixed (module docstring).
     """
-    from dplib.distribution.private import STAGE_P3
-
     if mechanism is None:
         mechanism = p3_mechanism(plan, noise)
     elif (mechanism.epsilon, mechanism.sensitivity, mechanism.noise) != (

@@ -1,13 +1,15 @@
 """Private estimators of a discrete distribution from per-person batches: P0, P1, P2.
 
-Spec ``../shared/specs/discrete_batches.md`` §3.7 (tiers), §4.2, §5 (radii), §7.2, §8 #1, #5, #9;
-Kamath, Majid, Moitra, Mouzakis, Ullman, Algorithm 4.1 step 1 (the pooled Laplace baseline).
+Kamath, Majid, Moitra, Mouzakis, Ullman, Algorithm 4.1 step 1 (the pooled Laplace baseline) and the
+projection Pi of Lemma 4.4; the tiers P1-P3 and their radii are ours (docs/privacy/distribution.md,
+"Estimators").
 Each person contributes one count vector ``c_i`` (``k`` categories incl. OTHER, ``sum c_i = m``)
 and its distribution ``y_i = c_i / m`` on the simplex. The estimand is the mean over persons of
 ``y_i`` (persons with at least ``m`` records, weighted equally).
 
-Neighbouring relation: add/remove one person (DESIGN.md); the number of persons is **not**
-public. The spec's tiers are written for replace-one with n public; the add/remove forms are:
+Neighbouring relation: add/remove one person (docs/privacy/distribution.md); the number of persons
+is **not** public. The paper's baseline is written for replace-one with n public; the add/remove
+forms are:
 
 ======  =====================================================================================
 tier    release (each stage on its own fixed hash range in parallel mode)
@@ -28,12 +30,12 @@ lie on the simplex), so it carries no count; the count is released jointly as ``
 only multiplies the small correction ``S / n ~ ybar - c``. The un-centred ``sum clip(y_i)`` would
 carry n for free but has sensitivity 1, i.e. P0's.
 
-``Pi(v) = max(v, 0) / sum(max(v, 0))`` is an l1-nearest simplex point (spec §8 #9); when no
+``Pi(v) = max(v, 0) / sum(max(v, 0))`` is an l1-nearest simplex point (the paper's Pi of Lemma 4.4); when no
 coordinate is positive every simplex point is at the same l1 distance and the uniform
 distribution is returned (post-processing either way).
 
-Radii (spec §3.7, §5), from public inputs and earlier DP outputs only: with n^ the P0 centre's
-noisy count scaled to the statistic's persons,
+Radii (ours; docs/privacy/distribution.md, "Estimators"), from public inputs and earlier DP
+outputs only: with n^ the P0 centre's noisy count scaled to the statistic's persons,
 ``r_c = min(2, 2 (sqrt(2 (k ln 2 + ln(4/beta)) / (n_c m)) + G_k(1 - beta/2) b_c / n_c))`` (a
 bound on ``||c - mu||_1``: sampling of ``n_c m`` draws, plus the l1 norm of the k Laplace
 noises, a Gamma(k, b_c) quantile, doubled by the projection), ``rho_1 = min(2, sqrt(2 (k ln 2 +
@@ -66,9 +68,20 @@ from dplib.distribution.batches import (
     clipped_sum_l1_sensitivity,
     clipped_sum_l2_sensitivity,
 )
+from dplib.distribution.frc import check_rate
+from dplib.distribution.p3 import (
+    DEFAULT_CLOSENESS_RADIUS,
+    STAGE_COUNT,
+    STAGE_P3,
+    p3_mechanism,
+    p3_release,
+    p3_setup,
+)
+from dplib.distribution.simplex import bounded, floored_count, project_to_simplex
 from dplib.errors import InvalidParameterError
+from dplib.fixed_n import check_beta
 from dplib.groups import ALL_PERSONS, GroupRange
-from dplib.mechanisms import EXACT_BOUND, NoiseSource, clamp_exact, gaussian_sigma, inflate, laplace_mechanism
+from dplib.mechanisms import NoiseSource, clamp_exact, gaussian_sigma, inflate, laplace_mechanism
 
 #: The analytic-Gaussian calibration (dp_accounting, ~0.1 s) is a pure function of public
 #: values: cache it.
@@ -87,87 +100,31 @@ ESTIMATOR_NAMES = {
 #: the only one the job uses), or the paper's assumption that n is public (benchmarks only: it
 #: is DP under replace-one with n public, **not** under add/remove).
 P3_N_MODES = ("dp_lower_bound", "public_as_in_paper")
-#: P3's default budget share of the person count n0 (sequential on the same persons).
+#: P3's default budget share of the person count n0 (sequential on the same persons), and its
+#: range ``[P3_COUNT_SHARE_LIMITS[0], P3_COUNT_SHARE_LIMITS[1])``.
 P3_COUNT_EPSILON_SHARE = 0.1
-#: P3's default accuracy target alpha (l1): G = ceil(2k / alpha) (k = 3: G = 100, spec §3.7) and
-#: eta_priv (spec §5).
+P3_COUNT_SHARE_LIMITS = (1e-9, 1.0)
+#: The plan's ``beta`` (radii; P3 also :func:`dplib.fixed_n.check_beta`) lies in
+#: ``[BETA_LIMITS[0], BETA_LIMITS[1])``.
+BETA_LIMITS = (1e-12, 1.0)
+#: P3's default accuracy target alpha (l1): G = ceil(2k / alpha) (k = 3: G = 100) and
+#: eta_priv (:func:`dplib.distribution.p3.eta_priv`).
 P3_DEFAULT_ALPHA = 0.06
-#: P3's default closeness radius (l1) of the score's neighbourhood minimum: 0, none. The spec's
-#: radius alpha flattens the score on an alpha-ball (output ~uniform on it, TV ~alpha/2 = 0.03
-#: at k = 3); radius 0 was the most accurate in benchmarks/p3_vs_p0.py (benchmarks/README.md).
-P3_DEFAULT_CLOSENESS_RADIUS = 0.0
 STATUS_OK = "OK"
 ERROR_LEVEL = 0.9
 #: Weight of the count released beside the clipped sum: ``(S, w n)``, ``w = COUNT_WEIGHT * rho``.
 COUNT_WEIGHT = 0.25
 #: Share of the statistic's persons read by the centre stage (parallel mode).
 CENTER_FRACTION = 0.25
-#: Budget share of the centre in sequential mode (spec §5: epsilon_1 = epsilon / 4).
+#: Budget share of the centre in sequential mode (epsilon_1 = epsilon / 4).
 CENTER_EPSILON_SHARE = 0.25
-#: Constant of the P2 radius (spec §5: rho_2 = 3 / sqrt(m) + r_c).
+#: Constant of the P2 radius (rho_2 = 3 / sqrt(m) + r_c).
 P2_RADIUS_CONSTANT = 3.0
-#: Bound (persons units) on each coordinate summed into a DP person count (post-processing; any
-#: real count is far below it, and up to 10^8 clamped coordinates cannot overflow a float).
-COUNT_BOUND = 1e300
 
 STAGE_POOLED = "pooled laplace"
 STAGE_CENTER = "centre (pooled laplace)"
 STAGE_CLIP_L1 = "l1-clipped sum"
 STAGE_CLIP_L2 = "l2-clipped sum"
-STAGE_COUNT = "person count (n0)"
-STAGE_P3 = "P3 exponential mechanism"
-
-
-def _floored_count(noisy_count: float) -> float:
-    """A DP person count as a denominator: clamped into ``[1, COUNT_BOUND]`` (NaN to 1), a
-    fixed total map (post-processing)."""
-    return float(np.clip(np.nan_to_num(float(noisy_count), nan=1.0, posinf=COUNT_BOUND, neginf=1.0), 1.0, COUNT_BOUND))
-
-
-def _bounded(values: np.ndarray) -> np.ndarray:
-    """DP values clamped into ``[-COUNT_BOUND, COUNT_BOUND]`` (NaN to 0; post-processing)."""
-    v = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=0.0, posinf=COUNT_BOUND, neginf=-COUNT_BOUND)
-    return np.clip(v, -COUNT_BOUND, COUNT_BOUND)
-
-
-def project_to_simplex(values: np.ndarray) -> np.ndarray:
-    """l1-nearest point of the probability simplex: ``max(v, 0) / sum(max(v, 0))``.
-
-    Parameters
-    ----------
-    values : ndarray (k,)
-        Any float vector (e.g. a noisy sum of per-person distributions; the map is scale-free).
-
-    Returns
-    -------
-    ndarray (k,), non-negative, summing to 1 (uniform when no entry is positive).
-
-    Raises
-    ------
-    InvalidParameterError
-        ``values`` is not a non-empty vector (its shape is public; its values never refused).
-
-    Notes
-    -----
-    Total on every float vector, so that no DP output can make a release fail after its
-    charge: NaN counts as 0, +inf as ``EXACT_BOUND`` (every +inf entry then shares the mass
-    equally), and the positive part is divided by its largest entry before it is summed
-    (no overflow).
-
-    References
-    ----------
-    Spec §8 #9 (the paper's Pi of Lemma 4.4).
-    """
-    v = np.asarray(values, dtype=np.float64)
-    if v.ndim != 1 or v.size < 1:
-        raise InvalidParameterError("values must be a non-empty vector")
-    p = np.maximum(np.nan_to_num(v, nan=0.0, posinf=EXACT_BOUND, neginf=0.0), 0.0)
-    top = float(p.max())
-    if not top > 0.0:
-        return np.full(v.size, 1.0 / v.size)
-    p = p / top
-    p = p / math.fsum(p)
-    return p / math.fsum(p)  # one more pass: the sum is 1 to within an ulp or two
 
 
 def _check_unit_interval(value: object, name: str, lo: float, hi: float, allow_none: bool = True) -> float | None:
@@ -196,16 +153,18 @@ class DistributionPlan:
         of the lower bound n0 (``P[n0 > n] <= beta``) and of tau_cov's null term.
     eta, omega : float, optional
         Corruption bound and heterogeneity radius: unused by P0-P2; P3's trimming level
-        ``eta_priv`` (default from alpha and m, spec §5) and heterogeneity allowance in tau_cov.
+        ``eta_priv`` (default from alpha and m, :func:`~dplib.distribution.p3.eta_priv`) and
+        heterogeneity allowance in tau_cov.
     alpha : float, default 0.06
         P3: accuracy target (l1): sets the grid ``G = ceil(2k / alpha)`` and the default
-        ``eta_priv`` (spec §3.7, §5). (It no longer sets the closeness radius.)
+        ``eta_priv``. (It no longer sets the closeness radius.)
     grid_resolution : int, optional
         P3: G (grid points ``i / G``); default ``ceil(2k / alpha)``.
     closeness_radius : float in [0, 2], default 0
         P3: l1 radius of the score's neighbourhood minimum ``S_r(nu) = min{S(nu') :
-        ||nu' - nu||_1 <= r}`` over the grid (spec §3.7 uses r = alpha). Any public value keeps
-        sensitivity 1 (the neighbourhoods are data-independent; r = 0 is the score itself).
+        ||nu' - nu||_1 <= r}`` over the grid (the paper's closeness condition, Definition 4.3,
+        uses r = alpha). Any public value keeps sensitivity 1 (the neighbourhoods are
+        data-independent; r = 0 is the score itself).
     p3_count_share : float in (0, 1), default 0.1
         P3 (``dp_lower_bound``): share of epsilon spent on the count n0; the mechanism gets the
         rest. Public; see docs/privacy/distribution.md for the trade-off.
@@ -216,7 +175,7 @@ class DistributionPlan:
     budget_mode : "parallel" or "sequential"
         P1/P2: the centre reads its own fixed hash range (``CENTER_FRACTION`` of the persons)
         and every stage gets the whole budget (parallel), or both stages read every person with
-        epsilon/4 and 3 epsilon/4 (sequential, spec §5).
+        epsilon/4 and 3 epsilon/4 (sequential).
     group : GroupRange
         The persons this statistic may read.
 
@@ -239,7 +198,7 @@ class DistributionPlan:
     alpha: float = P3_DEFAULT_ALPHA
     grid_resolution: int | None = None
     p3_n_mode: Literal["dp_lower_bound", "public_as_in_paper"] = "dp_lower_bound"
-    closeness_radius: float = P3_DEFAULT_CLOSENESS_RADIUS
+    closeness_radius: float = DEFAULT_CLOSENESS_RADIUS
     p3_count_share: float = P3_COUNT_EPSILON_SHARE
 
     def __post_init__(self) -> None:
@@ -251,21 +210,18 @@ class DistributionPlan:
             raise InvalidParameterError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
         if self.estimator == "P2" and self.budget.delta <= 0.0:
             raise InvalidParameterError("estimator P2 (Gaussian) needs delta > 0; use P0 or P1 for pure epsilon")
-        object.__setattr__(self, "beta", _check_unit_interval(self.beta, "beta", 1e-12, 1.0, allow_none=False))
-        if self.eta is not None and not _check_unit_interval(self.eta, "eta", 0.0, 0.5):
-            raise InvalidParameterError(f"eta must be in (0, 0.5), got {self.eta!r}")
-        _check_unit_interval(self.omega, "omega", 0.0, 1.0)
+        object.__setattr__(self, "beta", _check_unit_interval(self.beta, "beta", *BETA_LIMITS, allow_none=False))
+        for rate in ("eta", "omega"):  # P3's tau_cov rates (unused by P0-P2), checked as tau_cov checks them
+            if getattr(self, rate) is not None:
+                check_rate(rate, getattr(self, rate))
         if self.budget_mode not in ("parallel", "sequential"):
             raise InvalidParameterError(f"budget_mode must be 'parallel' or 'sequential', got {self.budget_mode!r}")
         if self.p3_n_mode not in P3_N_MODES:
             raise InvalidParameterError(f"p3_n_mode must be one of {P3_N_MODES}, got {self.p3_n_mode!r}")
         if self.estimator == "P3":
-            from dplib.distribution.p3 import p3_setup
-
-            if self.beta >= 0.5:
-                raise InvalidParameterError(f"beta must be < 0.5 for P3 (lower bound n0), got {self.beta!r}")
+            check_beta(self.beta)  # also the failure probability of the lower bound n0
             object.__setattr__(
-                self, "p3_count_share", _check_unit_interval(self.p3_count_share, "p3_count_share", 1e-9, 1.0, False)
+                self, "p3_count_share", _check_unit_interval(self.p3_count_share, "p3_count_share", *P3_COUNT_SHARE_LIMITS, False)
             )
             p3_setup(self.k, self.m, 1, self.alpha, self.grid_resolution, self.eta, self.omega, self.beta,
                      closeness_radius=self.closeness_radius)
@@ -328,8 +284,6 @@ class DistributionPlan:
             The noise source cannot run a mechanism of the plan.
         """
         if self.estimator == "P3":
-            from dplib.distribution.p3 import p3_mechanism
-
             return {STAGE_P3: p3_mechanism(self, noise)}
         return {}
 
@@ -376,7 +330,7 @@ class PooledRelease:
     def noisy_count(self) -> float:
         """``sum_j noisy_sum_j``: a DP estimate of the persons (post-processing). Total: each
         entry is first clamped to ``+-COUNT_BOUND`` (NaN to 0), so the sum never overflows."""
-        return float(math.fsum(_bounded(self.noisy_sum)))
+        return float(math.fsum(bounded(self.noisy_sum)))
 
 
 def pooled_laplace(backend: BatchAggregates, group: GroupRange, epsilon: float, noise: NoiseSource) -> PooledRelease:
@@ -389,8 +343,8 @@ def pooled_laplace(backend: BatchAggregates, group: GroupRange, epsilon: float, 
     epsilon-DP under add/remove: ``sum_i c_i`` (exact integers) changes by one count vector,
     l1 norm exactly m; Laplace(m (1 + 2^-20) / epsilon) on it (integer sums below 2^53 convert
     to floats exactly; the margin is for the released float), then division by m
-    (post-processing). Spec §3.7 P0,
-    §8 #1 (add/remove analogue of the 2/(n epsilon) of replace-one).
+    (post-processing). Kamath et al., Algorithm 4.1 step 1 (the add/remove analogue of its
+    2/(n epsilon) under replace-one).
     """
     m = backend.m
     _, exact_sum = backend.sums(group)
@@ -431,7 +385,7 @@ def clipped_release(
     k/2^31), l2 <= radius (1 + sqrt(k)/2^31), :mod:`dplib.distribution.batches`) and w n by w:
     l1 sensitivity ``radius (1 + k/2^31) + w`` (Laplace, pure epsilon) or l2 sensitivity
     ``hypot(radius (1 + sqrt(k)/2^31), w)`` (analytic Gaussian, Balle & Wang 2018), each
-    inflated by 2^-20 for float rounding. Spec §3.7 P1/P2, §7.3.
+    inflated by 2^-20 for float rounding. docs/privacy/distribution.md, "Estimators".
     """
     k = backend.k
     w = COUNT_WEIGHT * radius
@@ -449,12 +403,12 @@ def clipped_release(
 
 
 def center_error_bound(n_center: float, k: int, m: int, laplace_scale: float, beta: float) -> float:
-    """Public bound r_c on ``||c - mu||_1`` for the P0 centre (spec §3.7 P1 (i), §5).
+    """Public bound r_c on ``||c - mu||_1`` for the P0 centre (docs/privacy/distribution.md).
 
     ``2 (sqrt(2 (k ln 2 + ln(4/beta)) / (n_c m)) + G_k(1 - beta/2) b / n_c)``, capped at 2:
     the l1 deviation of ``n_c m`` pooled draws (Bretagnolle-Huber-Carol; homogeneous persons),
     plus the l1 norm of k Laplace(b) noises (a Gamma(k, b) quantile) over n_c, doubled by the
-    projection (spec §8 #9). ``n_c`` is a DP count (floored at 1): accuracy only.
+    projection (Lemma 4.4's Pi). ``n_c`` is a DP count (floored at 1): accuracy only.
     """
     n_c = max(float(n_center), 1.0)
     sampling = math.sqrt(2.0 * (k * math.log(2.0) + math.log(4.0 / beta)) / (n_c * m))
@@ -463,13 +417,13 @@ def center_error_bound(n_center: float, k: int, m: int, laplace_scale: float, be
 
 
 def p1_radius(k: int, m: int, n_hat: float, beta: float, r_c: float) -> float:
-    """rho_1 = min(2, sqrt(2 (k ln 2 + ln(2 n^/beta)) / m) + r_c) (spec §3.7 P1, §5)."""
+    """rho_1 = min(2, sqrt(2 (k ln 2 + ln(2 n^/beta)) / m) + r_c)."""
     n = max(float(n_hat), 1.0)
     return min(2.0, math.sqrt(2.0 * (k * math.log(2.0) + math.log(2.0 * n / beta)) / m) + r_c)
 
 
 def p2_radius(m: int, r_c: float) -> float:
-    """rho_2 = min(sqrt 2, 3 / sqrt(m) + r_c) (spec §3.7 P2, §5; r_c bounds the l2 error too)."""
+    """rho_2 = min(sqrt 2, 3 / sqrt(m) + r_c) (r_c bounds the l2 error too)."""
     return min(math.sqrt(2.0), P2_RADIUS_CONSTANT / math.sqrt(m) + r_c)
 
 
@@ -567,7 +521,8 @@ def private_distribution(
 
     References
     ----------
-    Spec §3.7 (P0-P3), §4.2, §5, §7.2, §8; Kamath et al., Algorithm 4.1 step 1.
+    Kamath et al., Algorithm 4.1 (step 1: P0), Definition 4.5 (P3's score), Lemma 4.4 (the
+    projection); docs/privacy/distribution.md (the tiers P1-P3, radii, n0).
     """
     if backend.k != plan.k or backend.m != plan.m:
         raise InvalidParameterError(
@@ -588,8 +543,6 @@ def private_distribution(
         accountant.charge(c.stage, c.budget, c.group)
 
     if plan.estimator == "P3":
-        from dplib.distribution.p3 import p3_release
-
         estimate, p3_params = p3_release(backend, plan, noise, charge, prepared.get(STAGE_P3))
         params.update(p3_params)
         eps, delta = composed_cost(accountant.charges[start:])
@@ -600,7 +553,7 @@ def private_distribution(
         charge(STAGE_POOLED)
         rel = pooled_laplace(backend, groups[STAGE_POOLED], budgets[STAGE_POOLED].epsilon, noise)
         estimate = project_to_simplex(rel.noisy_sum)
-        n_hat = _floored_count(rel.noisy_count)
+        n_hat = floored_count(rel.noisy_count)
         scale = rel.scale
         error_bar = np.full(k, scale * math.log(1.0 / (1.0 - ERROR_LEVEL)) / n_hat)
         params.update({"noisy_person_count": round(rel.noisy_count, 1), "laplace_scale_of_sum": scale})
@@ -613,7 +566,7 @@ def private_distribution(
         charge(center_stage)
         c_rel = pooled_laplace(backend, groups[center_stage], budgets[center_stage].epsilon, noise)
         center = project_to_simplex(c_rel.noisy_sum)
-        n_c = _floored_count(c_rel.noisy_count)
+        n_c = floored_count(c_rel.noisy_count)
         n_hat = n_c * plan.group.fraction / groups[center_stage].fraction
         r_c = center_error_bound(n_c, k, m, c_rel.scale, plan.beta)
         if plan.estimator == "P1":
@@ -622,8 +575,8 @@ def private_distribution(
             radius, norm = p2_radius(m, r_c), "l2"
         charge(final_stage)
         f_rel = clipped_release(backend, center, radius, norm, groups[final_stage], budgets[final_stage], noise)
-        denom = _floored_count(f_rel.noisy_count)
-        estimate = project_to_simplex(center + _bounded(f_rel.noisy_sum) / denom)
+        denom = floored_count(f_rel.noisy_count)
+        estimate = project_to_simplex(center + bounded(f_rel.noisy_sum) / denom)
         scale = f_rel.scale
         q = math.log(1.0 / (1.0 - ERROR_LEVEL)) if norm == "l1" else 1.6448536269514722
         error_bar = np.full(k, q * scale / denom)

@@ -1,25 +1,26 @@
 """Robust building blocks for discrete distributions from batches (trusted analysis only).
 
-Spec ``../shared/specs/discrete_batches.md`` §1.1 (notation), §2.6 (a) (majorizer check),
-§2.7 (heterogeneity allowance), §4.3 (subset-direction soft filter), §5 (constants), §7.3-7.4
-(histogram of distinct count vectors, chunked enumeration), §8 #6 (units), #7 (OVERTRIM).
+Kamath, Majid, Moitra, Mouzakis, Ullman: the constraint system of Algorithm 3.1 (Section 3.1), the
+diagonal majorizer and its SDP dual (Corollary 2.16), the subset-variance bound (Lemma 3.7) and the
+heterogeneity allowance (Corollary 3.11); the majorizer check on weighted sets and the
+subset-direction soft filter are ours (docs/privacy/distribution.md, "Robust building blocks").
 
 **Nothing here is differentially private.** The filter's estimate, its kept weights, the
 certificate value and the discard fraction are functions of the exact data. They are library
 functions for trusted, in-house analysis (and building blocks of later estimators); the job never
-releases them, and no job statistic calls them (spec §7.1 item 5, §8 #5).
+releases them, and no job statistic calls them (docs/privacy/distribution.md, "Robust building blocks").
 
-Notation (spec §1.1): a batch is a count vector ``c`` of ``k`` integers summing to ``m``; its
+Notation (the paper's): a batch is a count vector ``c`` of ``k`` integers summing to ``m``; its
 distribution ``y = c / m`` lies on the simplex. ``Sigma(nu) = (diag(nu) - nu nu^T) / m`` is the
-covariance of one clean batch average when the truth is ``nu`` (on ``y``, not on counts: §8 #6).
+covariance of one clean batch average when the truth is ``nu`` (on ``y``, not on counts).
 For weights ``W_g >= 0`` on points ``y_g``: ``mu_w = sum W_g y_g / sum W_g``,
 ``C_w = sum W_g (y_g - mu_w)(y_g - mu_w)^T / sum W_g`` and the covariance gap
 ``Delta_w = C_w - Sigma(mu_w)``; ``Delta_w 1 = 0`` because every ``y_g`` sums to 1.
 
-Units (spec §5, §8 #6): every threshold and certificate value of this module is in **subset
+Units: every threshold and certificate value of this module is in **subset
 units**, ``max_{s in {0,1}^k} s^T Delta s``: the largest excess, over the multinomial variance
-``V(mu_w, s)``, of the variance of the fraction of a batch in a subset. The majorizer trace of
-§2.6a (``min sum(lambda)`` with ``Diag(lambda) >= Delta``) is in **trace units**, about 4x
+``V(mu_w, s)``, of the variance of the fraction of a batch in a subset. The majorizer trace
+(``min sum(lambda)`` with ``Diag(lambda) >= Delta``) is in **trace units**, about 4x
 larger (Lemma 2.11: ``sigma^T Delta sigma = 4 s^T Delta s`` for ``sigma = 2s - 1`` when
 ``Delta 1 = 0``); :func:`min_trace_majorizer` returns it, labelled as such.
 """
@@ -33,16 +34,16 @@ from typing import Literal, Mapping
 import numpy as np
 
 from dplib.distribution.batches import check_batch_size
-from dplib.distribution.private import project_to_simplex
+from dplib.distribution.simplex import project_to_simplex
 from dplib.errors import DPError, InvalidParameterError
 
-#: Largest k for which :func:`max_subset_quadratic` enumerates all 2^k subsets (spec §2.6a).
+#: Largest k for which :func:`max_subset_quadratic` enumerates all 2^k subsets.
 EXACT_MAX_K = 20
 #: Subset values evaluated per block of the enumeration (float64: 2 MiB per block).
 _BLOCK = 2**18
 #: Random hyperplanes of the Goemans-Williamson rounding (k > EXACT_MAX_K).
 _ROUNDINGS = 64
-#: Filter statuses (spec §4.3).
+#: Filter statuses.
 STATUS_OK = "OK"
 STATUS_OVERTRIM = "OVERTRIM"
 
@@ -102,7 +103,7 @@ def _enumerate_max(d: np.ndarray) -> tuple[float, np.ndarray]:
     Split the coordinates into a low half L and a high half H. For s = (s_L, s_H),
     ``s^T d s = q_L(s_L) + 2 s_H^T d_HL s_L + q_H(s_H)``; the cross terms of a block of high
     halves against all low halves are one matrix product, so the 2^k values are evaluated in
-    blocks of ``_BLOCK`` with O(2^k * k/2) flops and O(_BLOCK) memory (spec §7.4: "chunked einsum").
+    blocks of ``_BLOCK`` with O(2^k * k/2) flops and O(_BLOCK) memory (a chunked einsum).
     """
     k = d.shape[0]
     k_lo = k // 2
@@ -126,14 +127,14 @@ def _enumerate_max(d: np.ndarray) -> tuple[float, np.ndarray]:
 
 def _elliptope_sdp(mat: np.ndarray) -> tuple[float, np.ndarray]:
     """``min sum(lambda) s.t. Diag(lambda) - mat >= 0`` (= ``max <mat, X>`` over the elliptope,
-    spec §2.6a, Corollary 2.16) through cvxpy. Returns a **certified** upper bound on
+    Corollary 2.16) through cvxpy. Returns a **certified** upper bound on
     ``max_{x in {+-1}^p} x^T mat x`` and the dual matrix X (for rounding).
 
     The solver's lambda is made exactly feasible by adding ``max(0, -eig_min)`` (plus a margin for
     the eigenvalue computation's own rounding) to every entry, so the bound does not rely on the
     solver's tolerance: ``x^T mat x <= x^T Diag(lambda) x = sum(lambda)`` for every sign vector.
     """
-    import cvxpy as cp  # heavy import, only on this path
+    import cvxpy as cp  # lazy: a ~2 s import that only the solves need
 
     p = mat.shape[0]
     lam = cp.Variable(p)
@@ -181,7 +182,7 @@ def _round_hyperplane(d: np.ndarray, x_mat: np.ndarray, rng: np.random.Generator
 def max_subset_quadratic(
     delta_matrix: np.ndarray, *, exact_max_k: int = EXACT_MAX_K, rng: np.random.Generator | None = None
 ) -> SubsetMax:
-    """``max_{s in {0,1}^k} s^T Delta s`` and a maximising subset (spec §2.6a, §4.3).
+    """``max_{s in {0,1}^k} s^T Delta s`` and a maximising subset.
 
     Parameters
     ----------
@@ -207,9 +208,9 @@ def max_subset_quadratic(
     ``s^T Delta s = x~^T M x~ / 4`` with ``M = [[1^T Delta 1, (Delta 1)^T], [Delta 1, Delta]]``,
     so ``max_s s^T Delta s <= SDP(M) / 4`` for **any** symmetric Delta. When ``Delta 1 = 0`` (every
     gap built from simplex points) the first row and column of M vanish and SDP(M) is exactly the
-    k x k elliptope SDP of §2.6a, ``min{sum(lambda) : Diag(lambda) >= Delta}`` (the majorizer trace,
+    k x k elliptope SDP (Corollary 2.16), ``min{sum(lambda) : Diag(lambda) >= Delta}`` (the majorizer trace,
     trace units), divided by 4 by Lemma 2.11. The relaxation is loose by a factor between 1 and
-    sinh(pi/2) ~ 2.3 (spec: <= 1.17 measured on random instances). The extra coordinate keeps the
+    sinh(pi/2) ~ 2.3 (<= 1.17 measured on random instances). The extra coordinate keeps the
     bound valid for inputs that are not exactly centred.
 
     Raises
@@ -236,7 +237,7 @@ def max_subset_quadratic(
 
 
 def min_trace_majorizer(delta_matrix: np.ndarray) -> float:
-    """Certified minimal majorizer trace ``min{sum(lambda) : Diag(lambda) >= Delta}`` (spec §2.6a),
+    """Certified minimal majorizer trace ``min{sum(lambda) : Diag(lambda) >= Delta}`` (Corollary 2.16),
     in **trace units** (about 4x the subset value; at most 4 sinh(pi/2) x when Delta 1 = 0).
 
     The value is an upper bound on the exact optimum up to the solver's tolerance only in the
@@ -254,16 +255,16 @@ def min_trace_majorizer(delta_matrix: np.ndarray) -> float:
 
 
 def sigma_matrix(nu: np.ndarray, m: int) -> np.ndarray:
-    """``Sigma(nu) = (diag(nu) - nu nu^T) / m``: covariance of one clean batch average (§1.1)."""
+    """``Sigma(nu) = (diag(nu) - nu nu^T) / m``: covariance of one clean batch average."""
     nu = np.asarray(nu, dtype=np.float64)
     return (np.diag(nu) - np.outer(nu, nu)) / float(m)
 
 
 def weighted_gap(y: np.ndarray, weight: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(mu_w, Delta_w = C_w - Sigma(mu_w))`` for points ``y`` (D, k) and weights (D,) (§2.6a).
+    """``(mu_w, Delta_w = C_w - Sigma(mu_w))`` for points ``y`` (D, k) and weights (D,).
 
-    ``C_w`` is normalised by the kept mass ``sum(weight)`` (the filter's form; the FRC of §2.6b
-    normalises by n with a repair point instead, spec §0.0)."""
+    ``C_w`` is normalised by the kept mass ``sum(weight)`` (the filter's form; the FRC of
+    :mod:`dplib.distribution.frc` normalises by n with a repair point instead)."""
     total = float(np.sum(weight))
     mu = (weight @ y) / total
     z = y - mu[None, :]
@@ -329,7 +330,7 @@ def majorizer_check(
     trace: bool = False,
     rng: np.random.Generator | None = None,
 ) -> MajorizerCheck:
-    """Majorizer check of a weighted set of groups (spec §2.6a): is ``Delta_w`` certified below
+    """Majorizer check of a weighted set of groups: is ``Delta_w`` certified below
     ``threshold`` in every subset direction?
 
     Parameters
@@ -355,7 +356,7 @@ def majorizer_check(
 
     Notes
     -----
-    Certification rule (spec §2.6a, [DERIVED]): put mass ``W_g / n`` at ``y_g`` and the discarded
+    Certification rule (ours, docs/privacy/distribution.md): put mass ``W_g / n`` at ``y_g`` and the discarded
     mass ``d`` at the repair point ``mu_w``; that measure's covariance is ``(1 - d) C_w <= C_w``
     with the same ``Sigma(mu_w)``, so a majorizer of ``Delta_w`` is a fractional-repair
     certificate of ``mu_w`` with discard ``d``. **Not private**: the result is never released.
@@ -393,11 +394,11 @@ def majorizer_check(
 def filter_threshold(
     k: int, n: float, m: int, eta: float, omega: float = 0.0, beta: float = 0.05, C_var: float = 2.0, C_het: float = 1.0
 ) -> float:
-    """Stopping threshold of the filter in **subset units** (spec §4.3, §5):
+    """Stopping threshold of the filter in **subset units**:
     ``C_var eta ln(1/eta) / m + C_het (omega / m + omega^2) + 0.5 sqrt((k + ln(1/beta)) / n) / m``.
 
     The last term is the null (sampling) term of clean data; ``C_het`` = 1 in subset units
-    (4 in trace units, spec §5). ``n`` is the number of batches (exact; not private)."""
+    (4 in trace units). ``n`` is the number of batches (exact; not private)."""
     return (
         C_var * eta * math.log(1.0 / eta) / m
         + C_het * (omega / m + omega**2)
@@ -406,22 +407,23 @@ def filter_threshold(
 
 
 def tail_offset(eta: float, m: int) -> float:
-    """``T0 = ln(2/eta) / (2m)``: per-batch Hoeffding tail offset of the filter (spec §4.3, §5);
+    """``T0 = ln(2/eta) / (2m)``: per-batch Hoeffding tail offset of the filter;
     a clean batch has ``E (z^2 - T0)_+ <= eta / (2m)`` in every subset direction."""
     return math.log(2.0 / eta) / (2.0 * m)
 
 
 def filter_update(y: np.ndarray, weight: np.ndarray, mean: np.ndarray, subset: np.ndarray, t0: float) -> np.ndarray:
-    """One soft-filter weight update (spec §4.3): returns the new weights.
+    """One soft-filter weight update: returns the new weights.
 
     ``z_g = <y_g - mean, s>``, ``f_g = max(z_g^2 - T0, 0)``, ``f_max = max over W_g > 0 of f_g``,
     ``W_g <- W_g (1 - f_g / f_max)``. The update is linear in ``W``, so it applies equally to
-    per-batch kept fractions and to group weights ``keep_g n_g`` (grouping is exact, §2.6b).
+    per-batch kept fractions and to group weights ``keep_g n_g`` (grouping is exact: the program is
+    symmetric within a group).
 
     If ``f_max = 0`` (every kept point within ``sqrt(T0)`` of the mean in direction ``s``, yet the
     excess variance is above threshold: e.g. unbudgeted heterogeneity) the offset is dropped,
     ``f_g = z_g^2`` (the plain CLM soft filter); ``f_max > 0`` then, since the direction has
-    positive variance. [PROPOSAL: the spec's pseudocode divides by zero in this case.]
+    positive variance. (The textbook update divides by zero in this case.)
     """
     z = (y - mean[None, :]) @ subset.astype(np.float64)
     kept = weight > 0
@@ -438,7 +440,7 @@ def filter_update(y: np.ndarray, weight: np.ndarray, mean: np.ndarray, subset: n
 @dataclass(frozen=True)
 class FilterResult:
     """Output of :func:`subset_filter`. **Every field is a non-private function of the data; the
-    job never releases any of them** (spec §7.1 item 5, §8 #5).
+    job never releases any of them** (docs/privacy/distribution.md).
 
     Attributes
     ----------
@@ -447,7 +449,7 @@ class FilterResult:
     status : {"OK", "OVERTRIM"}
         OK: the majorizer check certified ``mu_w``. OVERTRIM: the next update would have
         discarded more than ``3 eta`` of the batches (eta underestimated or heterogeneity not
-        budgeted, §2.7, §8 #7); the fields describe the last state before that update, which
+        budgeted, Corollary 3.11); the fields describe the last state before that update, which
         is **not** certified.
     counts : ndarray (D, k) int64
         The distinct count vectors (sorted lexicographically).
@@ -530,11 +532,11 @@ def subset_filter(
     exact_max_k: int = EXACT_MAX_K,
     rng: np.random.Generator | None = None,
 ) -> FilterResult:
-    """Subset-direction soft filter over the histogram of distinct count vectors (spec §4.3).
+    """Subset-direction soft filter over the histogram of distinct count vectors.
 
     One kept fraction per distinct count vector (exact: the filter treats identical batches
-    identically, spec §2.8). Loop: weights ``W_g = keep_g n_g``; majorizer check of ``Delta_w``
-    (:func:`majorizer_check`; the first pass, ``keep = 1``, is the pre-check of §2.6d); if
+    identically). Loop: weights ``W_g = keep_g n_g``; majorizer check of ``Delta_w``
+    (:func:`majorizer_check`; the first pass, ``keep = 1``, is the pre-check); if
     certified, return ``mu_w`` with status OK; else down-weight along the maximising subset
     (:func:`filter_update`); if more than ``3 eta`` of the batches would then be discarded, return
     status OVERTRIM. Terminates after at most D updates (each zeroes the group with the largest
@@ -547,16 +549,16 @@ def subset_filter(
     m : int
         Draws per batch.
     eta : float in (0, 0.1]
-        Upper bound on the corrupted fraction (spec §5 validates eta <= 0.1).
+        Upper bound on the corrupted fraction (at most 0.1).
     omega : float in [0, 1], default 0
-        Heterogeneity radius (Corollary 3.11, §2.7): honest batches drawn from ``mu_i`` with
+        Heterogeneity radius (Corollary 3.11): honest batches drawn from ``mu_i`` with
         ``||mu_i - mu||_TV <= omega``. Adds ``C_het (omega/m + omega^2)`` to the threshold.
     beta : float in (0, 1), default 0.05
         Failure probability (null term of the threshold only).
     C_var : float, default 2
-        Threshold constant (subset units; spec §5: 2 keeps worst-case TV ~1.2-1.4 x the rate).
+        Threshold constant (subset units; 2 keeps worst-case TV ~1.2-1.4 x the rate).
     C_het : float, default 1
-        Heterogeneity constant in subset units (spec §5).
+        Heterogeneity constant in subset units.
     exact_max_k : int, default 20
         Enumeration up to this k; above, the SDP bound (so certification is conservative) and
         the hyperplane-rounded direction.
@@ -576,10 +578,10 @@ def subset_filter(
 
     Accuracy
     --------
-    At termination with status OK, ``(mu_w, keep)`` is a fractional-repair certificate (§2.6a,
-    [DERIVED]); on eta-good data with at most ``eta n`` corrupted batches the TV error is
-    O(eta sqrt(ln(1/eta)/m)) (§2.6b; + O(omega) under heterogeneity). Measured constant about
-    1.2-1.4 (spec §6.3).
+    At termination with status OK, ``(mu_w, keep)`` is a fractional-repair certificate (ours,
+    docs/privacy/distribution.md); on eta-good data with at most ``eta n`` corrupted batches the TV error is
+    O(eta sqrt(ln(1/eta)/m)) (+ O(omega) under heterogeneity). Measured constant about
+    1.2-1.4 (benchmarks/distribution_robustness.py).
 
     Raises
     ------
@@ -590,8 +592,9 @@ def subset_filter(
 
     References
     ----------
-    Spec §4.3 (JO20b / Chen-Li-Moitra soft filtering), §2.6a, §2.7; Kamath, Majid, Moitra,
-    Mouzakis, Ullman, Corollary 3.11 (heterogeneity), Lemma 2.11 (subset vs sign directions).
+    Soft filtering after Jain-Orlitsky (JO20b) and Chen-Li-Moitra; Kamath, Majid, Moitra,
+    Mouzakis, Ullman, Corollary 2.16 (the majorizer SDP), Corollary 3.11 (heterogeneity),
+    Lemma 2.11 (subset vs sign directions).
     """
     m = check_batch_size(m)
     eta = _check_rate(eta, "eta", 0.0, 0.1, lo_open=True)

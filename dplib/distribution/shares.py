@@ -28,9 +28,11 @@ from typing import Protocol, Sequence
 import numpy as np
 from scipy.stats import norm as normal_dist
 
+from dplib.aggregates import exact_unit_sums
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.distribution.batches import category_index, category_names, check_categories
-from dplib.distribution.private import ERROR_LEVEL, STATUS_OK, DistributionRelease, _bounded, project_to_simplex
+from dplib.distribution.private import ERROR_LEVEL, STATUS_OK, DistributionRelease
+from dplib.distribution.simplex import bounded, project_to_simplex
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange, group_index, in_range
 from dplib.mechanisms import NoiseSource, clamp_exact, inflate, laplace_mechanism
@@ -116,8 +118,7 @@ class NumpyShares:
         rows = self.counts[in_range(self.group, group)]
         if rows.shape[0] == 0:
             return 0, tuple(0 for _ in range(self.k))
-        units = share_units(rows)
-        return int(rows.shape[0]), tuple(int(np.sum(units[:, j], dtype=np.int64)) for j in range(self.k))
+        return int(rows.shape[0]), tuple(exact_unit_sums(share_units(rows)))
 
 
 @dataclass(frozen=True)
@@ -228,7 +229,7 @@ def share_distribution(
     exact = clamp_exact(np.array([float(u) for u in units]) / SHARE_SCALE)
     noisy, scale = laplace_mechanism(exact, inflate(share_sum_sensitivity(plan.k)), charge.budget.epsilon, noise)
     del exact, units
-    noisy = _bounded(noisy)
+    noisy = bounded(noisy)
     estimate = project_to_simplex(noisy)
     n_noisy = float(math.fsum(noisy))
     bar = share_error_bar(estimate, scale, n_noisy)

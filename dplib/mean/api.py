@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Sequence
 
 import numpy as np
@@ -23,8 +24,6 @@ NULL_IDS = ("", "NA", "null", "NULL", "None")
 def normalize_id(pid: object) -> str:
     """The normalised form of a person id (config ``privacy_unit.normalize``): Unicode NFC, case
     folded, surrounding whitespace of any kind stripped. The same function runs in the Spark job."""
-    import unicodedata
-
     return unicodedata.normalize("NFC", str(pid)).casefold().strip()
 
 
@@ -39,7 +38,8 @@ def person_means(
     values: np.ndarray, person_ids: Sequence[object], m_min: int = 1, null_values: Sequence[str] = NULL_IDS,
     normalize: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Reduce records to one mean per person (spec §2.0).
+    """Reduce records to one mean per person (docs/privacy/person_level_mean.md, "From records to one
+    item per person").
 
     Parameters
     ----------
@@ -129,7 +129,7 @@ def person_level_mean(
 
     References
     ----------
-    Agarwal et al. 2024, Theorem 3.14; ``../shared/specs/person_level_mean.md`` §2.1-2.3.
+    Agarwal et al. 2024, Algorithm 1, Lemma 3.12, Theorem 3.14 (Sections 3.3-3.4).
     """
     budget = Budget(epsilon, delta)
     plan: UnivariateMeanPlan | ScaleFreeMeanPlan

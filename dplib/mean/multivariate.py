@@ -3,9 +3,10 @@
 Agarwal, Kamath, Majid, Mouzakis, Silver, Ullman 2024, Algorithm 4 (Theorem 4.3): on disjoint
 groups of persons, a coarse per-coordinate estimate (Appendix A.5, Theorem 4.19), ``T`` layers of
 clip-and-noise that contract the centre (Algorithm 3, Theorem 4.15), and a final clip-and-noise
-(Algorithm 2, Lemma 4.20). Implemented as ``../shared/specs/person_level_mean.md`` §2.4-2.7
-specifies, with the planner of §2.6 fixing ``T`` and every radius from public (or earlier DP)
-inputs before the layers read any person.
+(Algorithm 2, Lemma 4.20), Section 4.2-4.3 and Appendices A.4-A.5 (the algorithm boxes are
+images in our copy of the paper; they are rebuilt from its text), with a planner fixing ``T`` and
+every radius from public (or earlier DP) inputs before the layers read any person
+(docs/privacy/multivariate_mean.md).
 
 All radii are in *normalised units*: coordinate ``j`` of a person mean is divided by a scale
 ``s_j`` (a diagonal preconditioner). The scales are declared in the config (public) or found
@@ -42,7 +43,7 @@ against 0/10). The job uses this estimator only with declared ``scales`` or ``re
 default of ``kind: multivariate_mean`` is :mod:`dplib.mean.scale_free_multivariate` (every stage on
 all persons; 1.1-1.4x the best anchor where this one was 5-6x). Within a
 stage the ``d`` per-coordinate histograms compose by the better of basic and (optimal) advanced
-composition (spec P10; Kairouz-Oh-Viswanath through ``dp_accounting``).
+composition (Kairouz-Oh-Viswanath through ``dp_accounting``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from typing import Literal, Sequence
 import numpy as np
 from scipy.stats import chi2
 
-from dplib.aggregates import MIN_EXPONENT, Aggregates, clipped_sum_l2_sensitivity
+from dplib.aggregates import MIN_EXPONENT, Aggregates, check_scales, clipped_sum_l2_sensitivity
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
@@ -71,9 +72,9 @@ STATUS_INSUFFICIENT = "INSUFFICIENT_DATA"
 ERROR_LEVEL = 0.9
 
 #: Weight of the count released beside the clipped sum: ``(S, w n)`` with ``w = rho / 4``
-#: (spec §6.1: the sum's noise grows by about 3%).
+#: (the sum's noise grows by about 3%; docs/privacy/multivariate_mean.md).
 COUNT_WEIGHT = 0.25
-#: Planner constants (spec §2.6, §6.6; PROPOSAL values).
+#: Planner constants (ours: the paper hides them in O(.)).
 C_BIAS = 1.0
 C_FLOOR = 1.5
 #: Bins of the coarse histogram per private range width (private-scale path).
@@ -106,7 +107,7 @@ STAGE_FINAL = "final clip-and-noise"
 def coordinate_budget(epsilon: float, delta: float, d: int) -> tuple[float, float]:
     """Per-coordinate budget of ``d`` mechanisms on the same persons that compose to (epsilon, delta).
 
-    Spec P10: the larger of basic composition ``(epsilon/d, delta/d)`` and the optimal advanced
+    The larger of basic composition ``(epsilon/d, delta/d)`` and the optimal advanced
     composition of Kairouz, Oh, Viswanath (2015, Theorem 3.3; ``dp_accounting``) with per-step
     ``delta' = delta / (2d)``. ``delta == 0`` gives basic composition (pure DP).
 
@@ -120,7 +121,7 @@ def coordinate_budget(epsilon: float, delta: float, d: int) -> tuple[float, floa
     basic = (b.epsilon / d, b.delta / d)
     if d == 1 or b.delta == 0.0:
         return basic
-    from dp_accounting.pld import accountant, common
+    from dp_accounting.pld import accountant, common  # lazy: a ~2 s import; pure-DP paths never need it
 
     per_delta = b.delta / (2 * d)
     try:
@@ -152,18 +153,20 @@ def _unit_sigma(epsilon: float, delta: float) -> float:
 
 
 def floor_radius(d: int, m: int) -> float:
-    """``rho_floor = c_fl (sqrt(d) + sqrt(2 ln max(m, 3))) / sqrt(m)``, normalised units (spec P17)."""
+    """``rho_floor = c_fl (sqrt(d) + sqrt(2 ln max(m, 3))) / sqrt(m)``, normalised units (t_1 of
+    Theorem 4.2; constants ours)."""
     return C_FLOOR * (math.sqrt(d) + math.sqrt(2.0 * math.log(max(m, 3)))) / math.sqrt(m)
 
 
 def coarse_error_bound(bin_widths_normalised: Sequence[float]) -> float:
-    """A-priori l2 error of the coarse centre: ``1.5 r'_j`` per coordinate (spec P11), normalised."""
+    """A-priori l2 error of the coarse centre: ``1.5 r'_j`` per coordinate (Theorem 4.19's bound,
+    constant ours), normalised."""
     return float(math.sqrt(sum((1.5 * w) ** 2 for w in bin_widths_normalised)))
 
 
 @dataclass(frozen=True)
 class ErrorModel:
-    """The planner's model of one clip-and-noise stage (spec §2.6), normalised units.
+    """The planner's model of one clip-and-noise stage (Algorithm 3), normalised units.
 
     ``noise(rho)``: Laurent-Massart bound on the l2 norm of the Gaussian noise on the mean;
     ``sampling``: Chebyshev bound on the sampling error; ``bias(rho, gamma)``: Theorem 4.2's
@@ -242,7 +245,7 @@ class ThreadSchedule:
 
 
 def max_threads(d: int, k: float) -> int:
-    """``T_max = 1 + ceil(log_{k+1}(max(2, log2 d)))`` (spec §2.6, §6.6)."""
+    """``T_max = 1 + ceil(log_{k+1}(max(2, log2 d)))`` (Algorithm 3's layers; constants ours)."""
     if math.isinf(k):
         return 1
     return 1 + math.ceil(math.log(max(2.0, math.log2(max(d, 2)))) / math.log(k + 1.0))
@@ -259,7 +262,7 @@ def plan_threads(
     r0: float,
     budget_mode: Literal["parallel", "sequential"],
 ) -> ThreadSchedule:
-    """The TCN planner (spec §2.6, PROPOSAL): choose T and the radii from public inputs only.
+    """The TCN planner (Algorithm 3; the schedule is ours): choose T and the radii from public inputs only.
 
     Parameters
     ----------
@@ -336,9 +339,9 @@ class MultivariateMeanPlan:
     k : float, default 4
         Moment order of the model (>= 2, or inf).
     mode : "summary" or "iid"
-        ``summary`` (default, spec §6.3): each person's mean is one item (m = 1 in every
+        ``summary`` (default): each person's mean is one item (m = 1 in every
         formula); ``iid``: records within a person are i.i.d. and ``m`` (the public minimum
-        records per person) enters the radii (spec §6.2: m = m_min, persons weighted equally).
+        records per person) enters the radii (m = m_min, persons weighted equally; docs/privacy/multivariate_mean.md).
     m : int, default 1
         Records per person used in the formulas in ``iid`` mode.
     scales : tuple of d floats, optional
@@ -388,10 +391,7 @@ class MultivariateMeanPlan:
         if self.budget_mode not in ("parallel", "sequential"):
             raise InvalidParameterError(f"budget_mode must be 'parallel' or 'sequential', got {self.budget_mode!r}")
         if self.scales is not None:
-            sc = tuple(float(s) for s in self.scales)
-            if len(sc) != self.d or not all(math.isfinite(s) and s > 0 for s in sc):
-                raise InvalidParameterError(f"scales must be {self.d} positive finite numbers, got {self.scales!r}")
-            object.__setattr__(self, "scales", sc)
+            object.__setattr__(self, "scales", tuple(float(s) for s in check_scales(self.scales, self.d)))
         if self.expected_persons is not None:
             n = self.expected_persons
             if isinstance(n, bool) or not isinstance(n, (int, float)) or not (math.isfinite(n) and n >= 1):
@@ -517,7 +517,8 @@ def clip_and_noise(
     budget: Budget,
     noise: NoiseSource,
 ) -> ClipRelease:
-    """ClipAndNoise (Algorithm 2; spec §2.5, §6.1): one Gaussian release of ``(S, w n)``.
+    """ClipAndNoise (Algorithm 2, with the add/remove count of docs/privacy/multivariate_mean.md): one Gaussian
+    release of ``(S, w n)``.
 
     ``S = sum_i clip_{radius}((Y_i - center) / scales)`` (l2 ball, normalised units, fixed point)
     and ``w = radius / 4``. The new centre is ``center + scales * S~ / max(N~, 1)``.
@@ -554,7 +555,7 @@ def coarse_estimate(
     bin_widths: Sequence[float],
     offsets: Sequence[float],
 ) -> np.ndarray | None:
-    """CoarseEstimate (spec §2.4; Theorem 4.19): d thresholded histograms on one group.
+    """CoarseEstimate (Appendix A.5, Theorem 4.19): d thresholded histograms on one group.
 
     One backend pass returns the d exact histograms; each gets the stability histogram
     (Laplace(1/epsilon'), threshold ``1 + ln(1/(2 delta'))/epsilon'``) with the per-coordinate
@@ -737,7 +738,8 @@ def multivariate_person_mean(
 
     References
     ----------
-    Agarwal et al. 2024, Algorithms 2-4, Theorems 4.3, 4.15, 4.19; spec §2.4-2.7, §6.1-6.3.
+    Agarwal et al. 2024, Algorithms 2-4, Theorems 4.3, 4.15, 4.19; Appendix A.5;
+    docs/privacy/multivariate_mean.md.
     """
     columns = list(columns)
     if len(columns) != plan.d:

@@ -2,7 +2,7 @@
 
 Everything here is a function of public inputs only (scale s, moment order k, records per
 person m, epsilon, a DP estimate of the number of persons). These constants shape accuracy,
-never privacy (``../shared/specs/person_level_mean.md`` §0).
+never privacy (docs/privacy/person_level_mean.md, "Public constants").
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def check_positive(value, name: str) -> float:
 
 
 def bin_width_constant(k: float) -> float:
-    """``c_r(k) = min over 2 <= k' <= k of (32 (k'-1)^(k'/2))^(1/k')`` (spec P1, PROPOSAL).
+    """``c_r(k) = min over 2 <= k' <= k of (32 (k'-1)^(k'/2))^(1/k')`` (our constant; Theorem 3.14
+    uses about ``16^(1/k)``).
 
     With Rio's moment constant, Markov's inequality then puts at most 1/32 of the person means
     outside ``mu +- r``. A k-th moment bound implies every lower one, hence the minimum over
@@ -54,14 +55,14 @@ def bin_width_constant(k: float) -> float:
 
 
 def coarse_bin_width(scale: float, k: float, m: int) -> float:
-    """Bin width ``r = c_r(k) * s / sqrt(m)`` of the coarse RangeEstimator (spec P1), data units."""
+    """Bin width ``r = c_r(k) * s / sqrt(m)`` of the coarse RangeEstimator (Algorithm 1), data units."""
     scale = check_positive(scale, "scale")
     m = check_records_per_person(m)
     return bin_width_constant(k) * scale / math.sqrt(m)
 
 
 def fine_radius(scale: float, k: float, m: int, u: float, n_eps: float, c_f: float = 1.0) -> float:
-    """Truncation radius of the univariate fine stage (spec §2.3 step 4, P6), data units.
+    """Truncation radius of the univariate fine stage (Lemma 3.12, Theorem 3.14; constants ours), data units.
 
     ``rho = u + s * max(c_f * sqrt(max(1, (k-1) ln m) / m), (n eps)^(1/k) / m^(1-1/k))``
 

@@ -2,8 +2,9 @@
 
 Agarwal, Kamath, Majid, Mouzakis, Silver, Ullman 2024, *Private Mean Estimation with
 Person-Level Differential Privacy*, Section 5: Algorithms 5 (Compare), 6 (Score), 7 (FinePure)
-and 8 (PureMean), Theorem 5.9, as reconstructed in ``../shared/specs/person_level_mean.md``
-§2.8, §3 rows P23-P27 and Appendix A.7.
+and 8 (PureMean), Lemmas 5.1-5.8, Theorem 5.9 (the algorithm boxes are images in our copy of the
+paper and are rebuilt from its text; the global grid's covering radius ``alpha / (9 sqrt d)`` is
+the one under which the proof of Lemma 5.7 goes through).
 
 **COMPUTATIONALLY INEFFICIENT: time n * d^O(d).** Every grid point ``p`` is compared with every
 point ``q`` of its local cover, each comparison reading every person. This module is a reference
@@ -39,7 +40,7 @@ from dplib.aggregates import VALUE_BOUND, NumpyAggregates
 from dplib.budget import Accountant, Budget, Charge
 from dplib.errors import InvalidParameterError
 from dplib.groups import HASH_SPACE, GroupRange
-from dplib.mechanisms.exponential import exponential_mechanism_probabilities, sample_exponential_mechanism  # noqa: F401
+from dplib.mechanisms.exponential import sample_exponential_mechanism
 from dplib.mean.params import bin_width_constant, check_moment_order, check_positive, check_records_per_person
 from dplib.mean.univariate import STATUS_OK, UnivariateMeanPlan, univariate_person_mean
 
@@ -139,9 +140,9 @@ def _check_groups(groups, n: int, K: int) -> np.ndarray:
     return g.astype(np.int64)
 
 
-# ----- public parameters (P23, P24, P25) ----------------------------------------------------
+# ----- public parameters ---------------------------------------------------------------------
 def default_truncation_radius(alpha: float, k: float = 4.0, m: int = 1, scale: float = 1.0) -> float:
-    """Alg 5 truncation radius rho (spec P24, PROPOSAL), data units.
+    """Alg 5 truncation radius rho (our constant), data units.
 
     ``rho = s * (a/8 + max(16 c_r(k)/sqrt(m), sqrt((k-1) ln m / m), (16/a)^(1/(k-1)) / m))`` with
     ``a = alpha / s`` (normalised target). For ``k = inf`` the middle term uses ``2 ln m`` and the
@@ -159,7 +160,8 @@ def default_truncation_radius(alpha: float, k: float = 4.0, m: int = 1, scale: f
 
 
 def default_number_of_groups(beta_c: float) -> int:
-    """Alg 5 number of groups K: the smallest odd integer >= ceil(8 ln(1/beta_c)) (spec P23)."""
+    """Alg 5 number of groups K: the smallest odd integer >= ceil(8 ln(1/beta_c)) (the paper's
+    ``K = Theta(log(1/beta))``; the constant 8 is ours)."""
     beta_c = _check_probability(beta_c, "beta_c")
     K = max(1, math.ceil(8.0 * math.log(1.0 / beta_c)))
     return K if K % 2 == 1 else K + 1
@@ -170,7 +172,7 @@ def _per_axis(factor: float, d: int) -> float:
 
 
 def global_grid(alpha: float, d: int) -> np.ndarray:
-    """Alg 7's cover J of ``[-alpha, alpha]^d`` (spec §2.8 step 1, P25, App. A.7).
+    """Alg 7's cover J of ``[-alpha, alpha]^d`` (covering radius ``alpha / (9 sqrt d)``, Lemma 5.7).
 
     An l-infinity grid with step ``2 alpha / (9 sqrt d)`` (covering radius ``alpha / (9 sqrt d)``),
     ``N = ceil(9 sqrt d)`` points per axis centred on 0: 9 points (d = 1), 169 (d = 2).
@@ -208,7 +210,7 @@ def _local_cover_offsets(d: int, alpha: float, box_radius: float) -> tuple[np.nd
 
 
 def local_cover(p, alpha: float, box_radius: float | None = None) -> np.ndarray:
-    """Alg 6's local cover J_p (spec §2.8, P25), shape ``(|J_p|, d)``, data units.
+    """Alg 6's local cover J_p, shape ``(|J_p|, d)``, data units.
 
     Grid with step ``alpha / (4 sqrt d)`` anchored at p, inside ``p + [-box_radius, box_radius]^d``
     (default ``2 alpha``), minus the points with ``||q - p||_2 <= alpha``.
@@ -236,7 +238,7 @@ def _quantized_mid(dist: np.ndarray, rho: float) -> np.ndarray:
 
 
 def _costs(zq: np.ndarray, labels: np.ndarray, K: int, mid_q: np.ndarray) -> np.ndarray:
-    """Exact cost (spec §2.8 Alg 6 step 3) for each column of ``zq``; every ``mid_q < 2**30``.
+    """Exact cost (Alg 6 step 3) for each column of ``zq``; every ``mid_q < 2**30``.
 
     Group h needs ``c_h`` changes: 0 if empty or already ``sum_h > n_h mid``; else the fewest of
     its smallest values raised to the top ``2**30`` (= p0 + rho) until ``sum_h > n_h mid``.
@@ -317,7 +319,7 @@ def compare(Y, p, q, rho: float, K: int, groups=None) -> bool:
 
     References
     ----------
-    Agarwal et al. 2024, Algorithm 5, Lemmas 5.1-5.4; spec §2.8.
+    Agarwal et al. 2024, Algorithm 5, Lemmas 5.1-5.4.
     """
     Y, p, rho, K, labels, w, mid_q = _comparison_setup(Y, p, q, rho, K, groups)
     if mid_q[0] >= _Q:
@@ -333,7 +335,7 @@ def compare(Y, p, q, rho: float, K: int, groups=None) -> bool:
 def comparison_cost(Y, p, q, rho: float, K: int, groups=None) -> float:
     """Exact ``cost(p, q)``: fewest persons whose data must change so that Compare returns False.
 
-    Spec §2.8 Algorithm 6 step 3 (greedy per group: raise the smallest truncated values to
+    Algorithm 6 step 3 (greedy per group: raise the smallest truncated values to
     ``p0 + rho``; sum of the (K+1)/2 cheapest groups). Changing a person to the top value is the
     most adversarial change because Compare is monotone in every ``Z_i``.
 
@@ -371,14 +373,14 @@ def score(Y, p, alpha: float, rho: float, K: int, groups=None, box_radius: float
     rho, K, groups
         As :func:`compare`.
     box_radius : float, optional
-        l-infinity radius of J_p; default ``2 alpha`` (Alg 7 passes 2 x its own alpha, spec
-        §2.8 PROPOSAL).
+        l-infinity radius of J_p; default ``2 alpha`` (Alg 7 passes 2 x its own alpha; our
+        choice).
 
     Returns
     -------
     int
-        In ``[0, n]``. When no q of J_p can win whatever the data, the cap ``n`` (spec: the cap
-        is UNKNOWN in the paper, we use n; under add/remove it moves by 1 with n).
+        In ``[0, n]``. When no q of J_p can win whatever the data, the cap ``n`` (the paper's
+        cap is not legible in our copy; we use n; under add/remove it moves by 1 with n).
 
     Raises
     ------
@@ -393,7 +395,7 @@ def score(Y, p, alpha: float, rho: float, K: int, groups=None, box_radius: float
 
     References
     ----------
-    Agarwal et al. 2024, Algorithm 6, Definition 5.5, Lemmas 5.6-5.7; spec §2.8.
+    Agarwal et al. 2024, Algorithm 6, Definition 5.5, Lemmas 5.6-5.7.
     """
     Y = _check_persons(Y)
     n, d = Y.shape
@@ -425,10 +427,6 @@ def _score_checked(Y, p, alpha, rho, K, labels, box) -> int:
     return best
 
 
-# ----- exponential mechanism -----------------------------------------------------------------
-# Moved to dplib.mechanisms.exponential (shared with P3); re-exported here by the import above.
-
-
 # ----- Algorithm 7 -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class FinePurePlan:
@@ -445,12 +443,12 @@ class FinePurePlan:
 
     @property
     def score_alpha(self) -> float:
-        """Target passed to Score: ``8 alpha / 9`` (spec §2.8 Alg 7 step 2)."""
+        """Target passed to Score: ``8 alpha / 9`` (Alg 7 step 2)."""
         return 8.0 * self.alpha / 9.0
 
     @property
     def box_radius(self) -> float:
-        """l-infinity radius of J_p: ``2 alpha`` with Alg 7's alpha (spec PROPOSAL)."""
+        """l-infinity radius of J_p: ``2 alpha`` with Alg 7's alpha (our choice)."""
         return 2.0 * self.alpha
 
     def describe(self) -> dict:
@@ -555,7 +553,7 @@ def fine_pure(
 
     References
     ----------
-    Agarwal et al. 2024, Algorithm 7, Lemma 5.8; spec §2.8, P25-P26, App. A.7.
+    Agarwal et al. 2024, Algorithm 7, Lemmas 2.9, 5.7, 5.8.
     """
     Y = _check_persons(Y)
     plan = plan_fine_pure(epsilon, alpha, beta, Y.shape[1], scale=scale, k=k, m=m, K=K, rho=rho)
@@ -590,7 +588,7 @@ class PureMeanResult:
 
 
 def pure_mean_charges(epsilon: float, d: int, scale: float, k: float, m: int, range_bound: float) -> list[Charge]:
-    """Privacy cost of :func:`pure_mean` before any data is read (spec §4.1, P27).
+    """Privacy cost of :func:`pure_mean` before any data is read (Theorem 5.9's accounting).
 
     d univariate pure-DP means with ``epsilon / d`` each on the first hash half (basic
     composition), then the exponential mechanism with ``epsilon`` on the second half (parallel
@@ -667,11 +665,11 @@ def pure_mean(
     mechanism with a sensitivity-1 score (hash-range groups, empty groups vote for q) ->
     epsilon. The halves are fixed hash ranges, so parallel composition gives epsilon overall;
     the accountant checks this with :func:`pure_mean_charges` before any data is read. A
-    replace-one statement follows as 2 epsilon (DESIGN.md).
+    replace-one statement follows as 2 epsilon (a replacement is a removal and an addition).
 
     References
     ----------
-    Agarwal et al. 2024, Algorithm 8, Theorem 5.9; spec §2.8, P27, §4.1.
+    Agarwal et al. 2024, Algorithm 8, Theorem 5.9.
     """
     Y1 = _check_persons(Y_first_half, "Y_first_half")
     Y2 = _check_persons(Y_second_half, "Y_second_half")

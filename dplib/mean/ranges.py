@@ -42,6 +42,45 @@ VISIBLE_REACH = 8.0
 REFINE_BINS = 3
 #: Sub-octave edges of the deviation histogram: quarter octaves.
 QUARTER_OCTAVE = (2.0**0.25, 2.0**0.5, 2.0**0.75)
+#: Default binary exponents ``(lo, hi)`` of the pure-DP magnitude buckets (delta = 0).
+DEFAULT_EXPONENT_RANGE = (-40, 60)
+#: ``exponent_range = (lo, hi)`` must satisfy ``EXPONENT_LIMITS[0] < lo < hi < EXPONENT_LIMITS[1]``
+#: (integers). The one declaration: the scale-free plans and the job's config read it here.
+EXPONENT_LIMITS = (-1000, 997)
+#: The range quantile ``q`` (fraction of persons a magnitude range must hold) lies in
+#: ``[QUANTILE_LIMITS[0], QUANTILE_LIMITS[1])``.
+QUANTILE_LIMITS = (0.5, 1.0)
+
+
+def check_exponent_range(exponent_range) -> tuple[int, int]:
+    """``exponent_range`` as two integers ``(lo, hi)`` with ``-1000 < lo < hi < 997``
+    (:data:`EXPONENT_LIMITS`), else :class:`InvalidParameterError` naming it."""
+    lo_limit, hi_limit = EXPONENT_LIMITS
+    try:
+        lo, hi = exponent_range
+    except (TypeError, ValueError) as err:
+        raise InvalidParameterError(f"exponent_range must be two integers, got {exponent_range!r}") from err
+    if not all(isinstance(e, int) and not isinstance(e, bool) for e in (lo, hi)):
+        raise InvalidParameterError(f"exponent_range must be two integers, got {exponent_range!r}")
+    if not lo_limit < lo < hi < hi_limit:
+        raise InvalidParameterError(f"exponent_range must satisfy {lo_limit} < lo < hi < {hi_limit}, got {exponent_range!r}")
+    return lo, hi
+
+
+def check_range_quantile(q, name: str = "q") -> float:
+    """A range quantile in ``[0.5, 1)`` (:data:`QUANTILE_LIMITS`), else
+    :class:`InvalidParameterError` naming ``name``."""
+    lo, hi = QUANTILE_LIMITS
+    if isinstance(q, bool) or not isinstance(q, (int, float)) or not lo <= q < hi:
+        raise InvalidParameterError(f"{name} must be in [{lo}, {hi:g}), got {q!r}")
+    return q
+
+
+def check_octaves(octaves, name: str = "octaves") -> int:
+    """Octaves per magnitude bucket: an integer >= 1, else :class:`InvalidParameterError`."""
+    if isinstance(octaves, bool) or not isinstance(octaves, int) or octaves < 1:
+        raise InvalidParameterError(f"{name} must be an integer >= 1, got {octaves!r}")
+    return octaves
 
 
 def _bucket_interval(key: int, sub_edges: tuple[float, ...]) -> tuple[float, float]:
@@ -93,13 +132,10 @@ def smallest_window(intervals: list[tuple[float, float]], weights: list[float], 
 
 
 def _check_range_args(q: float, delta: float, exponent_range: tuple[int, int], octaves: int) -> None:
-    if not (0.5 <= q < 1.0):
-        raise InvalidParameterError(f"q must be in [0.5, 1), got {q!r}")
-    if isinstance(octaves, bool) or not isinstance(octaves, int) or octaves < 1:
-        raise InvalidParameterError(f"octaves must be an integer >= 1, got {octaves!r}")
-    e_min, e_max = exponent_range
-    if delta == 0 and not (MIN_EXPONENT < e_min < e_max < 997):
-        raise InvalidParameterError(f"exponent_range must satisfy {MIN_EXPONENT} < lo < hi < 997, got {exponent_range!r}")
+    check_range_quantile(q)
+    check_octaves(octaves)
+    if delta == 0:  # the exponent range is read by the pure-DP buckets only
+        check_exponent_range(exponent_range)
 
 
 def magnitude_range(
@@ -110,7 +146,7 @@ def magnitude_range(
     delta: float,
     noise: NoiseSource,
     q: float = 0.9,
-    exponent_range: tuple[int, int] = (-40, 60),
+    exponent_range: tuple[int, int] = DEFAULT_EXPONENT_RANGE,
     octaves: int = 1,
 ) -> MagnitudeRange | None:
     """Private smallest interval holding about a fraction ``q`` of the persons' means.
@@ -150,7 +186,7 @@ def magnitude_range_from_counts(
     delta: float,
     noise: NoiseSource,
     q: float = 0.9,
-    exponent_range: tuple[int, int] = (-40, 60),
+    exponent_range: tuple[int, int] = DEFAULT_EXPONENT_RANGE,
     octaves: int = 1,
 ) -> MagnitudeRange | None:
     """:func:`magnitude_range` from the exact log-magnitude histogram (centre 0, no sub-edges).
@@ -548,7 +584,7 @@ def profile_quantile(profile: "DeviationProfile", q: float) -> float:
 def choose_radius(profile: "DeviationProfile", n_eps: float, k: float = 4.0, q: float = 0.9) -> float:
     """Clipping radius ``rho = Q_q(|Y - c|) * max(2, (n eps)^(1/k))``.
 
-    The paper's balance of clipping bias against noise for k-th moments (spec §2.3 step 4,
+    The paper's balance of clipping bias against noise for k-th moments (Lemma 3.12,
     ``rho ~ s (n eps)^(1/k)``) with the unknown moment scale ``s`` replaced by a DP quantile of
     the deviations; ``n_eps`` is a DP estimate of the fine group's size times its epsilon.
     Post-processing only.

@@ -62,7 +62,18 @@ from dplib.mean.error_bars import noise_and_sampling_quantile
 from dplib.mean.params import check_moment_order
 from dplib.aggregates import log_bin_bounds
 from dplib.mechanisms import pure_dp_histogram
-from dplib.mean.ranges import HIDDEN_SD, deviation_profile_from_counts, hidden_mass, magnitude_range, measured_survival, window_center
+from dplib.mean.ranges import (
+    DEFAULT_EXPONENT_RANGE,
+    HIDDEN_SD,
+    check_exponent_range,
+    check_octaves,
+    check_range_quantile,
+    deviation_profile_from_counts,
+    hidden_mass,
+    magnitude_range,
+    measured_survival,
+    window_center,
+)
 from dplib.mean.tails import fit_student_tail, fit_student_tail_binned
 from dplib.mean.univariate import (
     ERROR_LEVEL,
@@ -171,25 +182,17 @@ class ScaleFreeMeanPlan:
     range_quantile: float = 0.9
     k: float | None = None
     range_octaves: int = 1
-    exponent_range: tuple[int, int] = (-40, 60)
+    exponent_range: tuple[int, int] = DEFAULT_EXPONENT_RANGE
     group: GroupRange = ALL_PERSONS
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, Budget):
             raise InvalidParameterError("budget must be a dplib.budget.Budget")
-        if isinstance(self.range_quantile, bool) or not isinstance(self.range_quantile, (int, float)) or not (
-            0.5 <= self.range_quantile < 1.0
-        ):
-            raise InvalidParameterError(f"range_quantile must be in [0.5, 1), got {self.range_quantile!r}")
+        check_range_quantile(self.range_quantile, "range_quantile")
         if self.k is not None:
             object.__setattr__(self, "k", check_moment_order(self.k))
-        if isinstance(self.range_octaves, bool) or not isinstance(self.range_octaves, int) or self.range_octaves < 1:
-            raise InvalidParameterError(f"range_octaves must be an integer >= 1, got {self.range_octaves!r}")
-        lo, hi = self.exponent_range
-        if not all(isinstance(e, int) and not isinstance(e, bool) for e in (lo, hi)):
-            raise InvalidParameterError(f"exponent_range must be two integers, got {self.exponent_range!r}")
-        if not (-1000 < lo < hi < 997):
-            raise InvalidParameterError(f"exponent_range must satisfy -1000 < lo < hi < 997, got {self.exponent_range!r}")
+        check_octaves(self.range_octaves, "range_octaves")
+        check_exponent_range(self.exponent_range)
 
     def charges(self, prefix: str = "") -> list[Charge]:
         """The nominal charges, in order: the privacy cost before any data is read.

@@ -24,7 +24,7 @@ final (the rest)        Gaussian on (sum_i clip_R((Y_i - c) / s), w n), w = R / 
 After a retry (small data) the centre, scale and norm shares double (an adaptive choice from a
 DP outcome under a fixed total: a privacy filter with basic composition). Within a stage the d
 per-coordinate histograms compose by the better of basic and advanced composition for the range
-(spec P10, :func:`~dplib.mean.multivariate.coordinate_budget`) and by basic composition for the
+(:func:`~dplib.mean.multivariate.coordinate_budget`) and by basic composition for the
 Laplace histograms.
 
 Privacy: add/remove one person; every stage reads all persons; the stages compose sequentially to
@@ -55,7 +55,13 @@ from dplib.mean.multivariate import (
     coordinate_budget,
 )
 from dplib.mean.params import check_moment_order
-from dplib.mean.ranges import deviation_profile_from_counts, magnitude_range_from_counts, window_bins, window_center_from_counts
+from dplib.mean.ranges import (
+    check_range_quantile,
+    deviation_profile_from_counts,
+    magnitude_range_from_counts,
+    window_bins,
+    window_center_from_counts,
+)
 from dplib.mean.scale_free import (
     CENTRE_BINS,
     FLAG_NU,
@@ -136,9 +142,7 @@ class ScaleFreeMultivariatePlan:
             raise InvalidParameterError(f"d must be an integer >= 1, got {self.d!r}")
         if self.k is not None:
             object.__setattr__(self, "k", check_moment_order(self.k))
-        q = self.range_quantile
-        if isinstance(q, bool) or not isinstance(q, (int, float)) or not (0.5 <= q < 1.0):
-            raise InvalidParameterError(f"range_quantile must be in [0.5, 1), got {q!r}")
+        check_range_quantile(self.range_quantile, "range_quantile")
         # every mechanism's public parameters must be finite before anything is reserved
         gaussian_sigma(1.0, self.budget.epsilon * self._final_share_min(), self.budget.delta / 2.0)
 

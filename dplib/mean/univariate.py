@@ -2,11 +2,11 @@
 
 Agarwal, Kamath, Majid, Mouzakis, Silver, Ullman 2024, *Private Mean Estimation with
 Person-Level Differential Privacy*: Algorithm 1 (RangeEstimator, Theorem 3.10), the fine
-estimate of Lemma 3.12 and their assembly in Theorem 3.14, as reconstructed in
-``../shared/specs/person_level_mean.md`` §2.1-2.3, with the add/remove adaptations of §6.1
-decided in ``../shared/DESIGN.md``.
+estimate of Lemma 3.12 and their assembly in Theorem 3.14 (Sections 3.3-3.4; the algorithm box
+is an image in our copy of the paper and is rebuilt from its text), with the add/remove
+adaptations of docs/privacy/person_level_mean.md.
 
-Steps (names follow the spec):
+Steps (names follow the paper):
 
 1. Split the statistic's persons into two fixed hash ranges: A (coarse) and B (fine).
 2. ``mu_c <- RangeEstimator(A)``: a private histogram of person means with bin width
@@ -49,6 +49,8 @@ STATUS_OK = "OK"
 STATUS_INSUFFICIENT = "INSUFFICIENT_DATA"
 #: Largest number of bins of the pure-DP coarse histogram (``(2R + 4r) / r``).
 MAX_PURE_BINS = 1_000_000
+#: ``coarse_fraction`` (the coarse stage's share) lies in ``[COARSE_FRACTION_LIMITS[0], COARSE_FRACTION_LIMITS[1]]``.
+COARSE_FRACTION_LIMITS = (0.05, 0.95)
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,8 @@ class UnivariateMeanPlan:
         budget on its own fixed hash range (coarse_fraction / the rest), valid by parallel
         composition under add/remove.
     coarse_fraction : float, default 0.25
-        Share of the hash range given to the coarse stage. The paper leaves it open (spec P8
-        proposes 1/2); on flights 1/4 gave 1.6x smaller errors (benchmarks/demo_accuracy.py):
+        Share of the hash range given to the coarse stage. The paper leaves it open (we first
+        used 1/2); on flights 1/4 gave 1.6x smaller errors (benchmarks/demo_accuracy.py):
         the coarse histogram needs only a few multiples of its threshold.
     group : GroupRange, default all persons
         The persons this statistic may read.
@@ -108,14 +110,10 @@ class UnivariateMeanPlan:
             raise InvalidParameterError(
                 f"budget_mode must be 'parallel' or 'sequential', got {self.budget_mode!r}"
             )
-        if (
-            isinstance(self.coarse_fraction, bool)
-            or not isinstance(self.coarse_fraction, (int, float))
-            or not (0.05 <= self.coarse_fraction <= 0.95)
-        ):
-            raise InvalidParameterError(
-                f"coarse_fraction must be in [0.05, 0.95], got {self.coarse_fraction!r}"
-            )
+        lo, hi = COARSE_FRACTION_LIMITS
+        cf = self.coarse_fraction
+        if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not (lo <= cf <= hi):
+            raise InvalidParameterError(f"coarse_fraction must be in [{lo}, {hi}], got {cf!r}")
         # every public quantity the stages use must be a finite, normal number (a scale of 1e308 gave
         # an infinite bin width after the reservation; a subnormal one loses all precision)
         if not (1e-300 <= self.bin_width and math.isfinite(self.coarse_error_bound) and self.coarse_error_bound < 1e300):
@@ -251,7 +249,7 @@ def count_weight(rho: float, u: float) -> float:
     ``(e_S - d e_N) / n`` with ``d = mean(trunc(Y)) - mu_c``, ``|d| <= u + ...``, Laplace scales
     ``(rho + c)/eps`` and ``(rho + c)/(c eps)``. Its variance ``(rho + c)^2 (1 + d^2/c^2)`` is
     smallest at ``c = (d^2 rho)^(1/3)``; we plug in the public worst case ``d = u``. Accuracy
-    only (public inputs); privacy uses whatever ``c`` is chosen. (Spec §6.1 proposes rho/8.)
+    only (public inputs); privacy uses whatever ``c`` is chosen. (A first choice was rho/8.)
     """
     # u^(2/3) rho^(1/3), not (u^2 rho)^(1/3): the product overflows for values above ~1e102
     return float(max(u ** (2.0 / 3.0) * rho ** (1.0 / 3.0), rho / 8.0))
@@ -288,7 +286,7 @@ def centred_clip_and_noise(
     epsilon-DP under add/remove: the fixed-point centred sum moves by at most ``radius`` and
     ``w n`` by ``w`` (l1 sensitivity ``radius + w``, inflated by the float-rounding margin); the
     exact vector is clamped to +-1e306 first (1-Lipschitz). Lemma 3.12 of Agarwal et al. 2024
-    with a DP denominator (spec §6.1).
+    with a DP denominator (docs/privacy/person_level_mean.md).
     """
     w = count_weight_
     exact_sum, exact_count = backend.clipped_sum([column], np.array([center]), radius, group)
@@ -384,7 +382,7 @@ def univariate_person_mean(
 
     References
     ----------
-    Agarwal et al. 2024, Algorithm 1, Lemma 3.12, Theorem 3.14; spec §2.1-2.3, §6.1.
+    Agarwal et al. 2024, Algorithm 1, Lemma 3.12, Theorem 3.14; docs/privacy/person_level_mean.md.
     """
     accountant = accountant if accountant is not None else Accountant(plan.budget)
     # Verify the whole plan fits before spending anything.

@@ -107,7 +107,7 @@ def gaussian_sigma(l2_sensitivity: float, epsilon: float, delta: float) -> float
         raise InvalidParameterError("the Gaussian mechanism needs delta > 0, got 0")
     if not (math.isfinite(l2_sensitivity) and l2_sensitivity > 0):
         raise InvalidParameterError(f"l2_sensitivity must be finite and > 0, got {l2_sensitivity!r}")
-    from dp_accounting.pld import accountant, common
+    from dp_accounting.pld import accountant, common  # lazy: a ~2 s import; pure-DP paths never need it
 
     sigma = float(
         accountant.get_smallest_gaussian_noise(

@@ -18,8 +18,9 @@ coordinate, so the clamped scores have sensitivity ``Delta`` too.
 
 Sources: OpenDP 0.16 ``make_noisy_max`` (its ``zero_concentrated_divergence`` variant is the
 Gumbel one; the ``max_divergence`` variant adds exponential noise, i.e. permute-and-flip, a
-different distribution); spec ``discrete_batches.md`` §3.7 (P3 sampling), §8 #4;
-``person_level_mean.md`` Lemma 2.9 / P26 (the pure-DP reference's Algorithm 7).
+different distribution). Used by P3 (:mod:`dplib.distribution.p3`: Kamath, Majid, Moitra, Mouzakis, Ullman,
+Algorithm 4.1's sampling step on a finite grid) and by the pure-DP reference
+(:mod:`dplib.mean.pure_reference`: Agarwal et al. 2024, Algorithm 7 with Lemma 2.9).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import functools
 import math
 
 import numpy as np
+import opendp.prelude as dp
 
 from dplib.errors import InvalidParameterError
 from dplib.mechanisms.noise import NoiseSource
@@ -101,8 +103,6 @@ def _opendp_gumbel_max(integer_scores: bool, scale: float):
     The float domain must be declared non-NaN: OpenDP's ``make_noisy_max`` refuses a float
     domain that admits NaN ("input_domain elements must be non-nan"), which is what made every
     P3 release with the secure source fail after its budget was charged (issue 19)."""
-    import opendp.prelude as dp
-
     dp.enable_features("contrib")
     if integer_scores:
         space = dp.vector_domain(dp.atom_domain(T="i64")), dp.linf_distance(T="i64")

@@ -5,7 +5,9 @@ by one: l1 sensitivity 1.
 
 References: the pure and stability ("thresholded") histograms of Lemma 2.8 in Agarwal, Kamath,
 Majid, Mouzakis, Silver, Ullman 2024 (after Korolova et al. 2009, Bun, Nissim, Stemmer 2016);
-add/remove constants from ``../shared/specs/person_level_mean.md`` Appendix A.6.
+add/remove constants: one bucket changes by one, so Laplace(1/epsilon), and a bucket that appears
+(count 0 -> 1) is released with probability ``exp(-epsilon (tau - 1)) / 2``, hence the threshold
+``tau = 1 + ln(1/(2 delta)) / epsilon``.
 """
 
 from __future__ import annotations

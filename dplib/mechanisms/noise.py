@@ -14,6 +14,7 @@ import math
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+import opendp.prelude as dp
 
 from dplib.errors import InvalidParameterError
 
@@ -60,8 +61,6 @@ class SecureNoise:
     secure = True
 
     def __init__(self) -> None:
-        import opendp.prelude as dp
-
         dp.enable_features("contrib")
         self._dp = dp
 

@@ -8,11 +8,10 @@ is added here; exact answers go only to the estimators, which noise them on the 
 
 from __future__ import annotations
 
-from spark_jobs.spark.sqlnames import qcol
-
 from typing import Sequence
 
 import numpy as np
+from pyspark.sql import functions as F
 
 from dplib.aggregates import (
     MIN_EXPONENT,
@@ -25,7 +24,21 @@ from dplib.aggregates import (
     check_sub_edges,
     histogram_clamp,
 )
+from dplib.errors import InvalidParameterError
 from dplib.groups import GroupRange
+from spark_jobs.spark.keys import in_group
+from spark_jobs.spark.sqlnames import qcol
+
+
+def exact_sums(df, terms, collect) -> tuple[int, list[int]]:
+    """One aggregation over ``df``: its row count and the exact sums of the integer column
+    expressions ``terms``, as Python integers. Sums run in ``decimal(38,0)``: no int64 overflow
+    (an ANSI overflow error would be a data-dependent crash); a sum over no rows is 0. The Spark
+    twin of :func:`dplib.aggregates.exact_unit_sums`. ``collect`` brings the one row back (the
+    backend's counting ``_collect``)."""
+    aggs = [F.count(F.lit(1)).alias("n")] + [F.sum(t.cast("decimal(38,0)")).alias(f"s{i}") for i, t in enumerate(terms)]
+    (row,) = collect(df.agg(*aggs))
+    return int(row["n"]), [0 if row[f"s{i}"] is None else int(row[f"s{i}"]) for i in range(len(terms))]
 
 
 class SparkAggregates:
@@ -55,28 +68,19 @@ class SparkAggregates:
 
     def check_columns(self, columns: Sequence[str]) -> None:
         """Raise InvalidParameterError naming any column the summaries do not hold (no Spark job)."""
-        from dplib.errors import InvalidParameterError
-
         for c in columns:
             if c not in self._df.columns:
                 raise InvalidParameterError(f"unknown column {c!r}; the summaries hold {self._df.columns}")
 
     def _where(self, columns: Sequence[str], group: GroupRange):
-        from pyspark.sql import functions as F
-
-        lo, hi = group.bounds
-        cond = (F.col("_group") >= F.lit(lo)) & (F.col("_group") < F.lit(hi))
+        cond = in_group(group)
         for c in columns:
             if c not in self._df.columns:
-                from dplib.errors import InvalidParameterError
-
-                raise InvalidParameterError(f"unknown column {c!r}; the summaries hold {self._df.columns}")
+                        raise InvalidParameterError(f"unknown column {c!r}; the summaries hold {self._df.columns}")
             cond = cond & qcol(c).isNotNull() & ~F.isnan(qcol(c))  # NaN = missing, as in numpy
         return self._df.where(cond)
 
     def count(self, columns: Sequence[str], group: GroupRange) -> int:
-        from pyspark.sql import functions as F
-
         rows = self._collect(self._where(columns, group).agg(F.count(F.lit(1)).alias("n")))
         return int(rows[0]["n"])
 
@@ -88,8 +92,6 @@ class SparkAggregates:
         group: GroupRange,
         clamp: tuple[float, float] | None = None,
     ) -> dict[int, int]:
-        from pyspark.sql import functions as F
-
         lo, hi = histogram_clamp(bin_width, offset, clamp)
         y = F.least(F.greatest(qcol(column), F.lit(lo)), F.lit(hi))
         b = F.floor((y - F.lit(float(offset))) / F.lit(float(bin_width))).cast("long").alias("bin")
@@ -103,8 +105,6 @@ class SparkAggregates:
         offsets: Sequence[float],
         group: GroupRange,
     ) -> list[dict[int, int]]:
-        from pyspark.sql import functions as F
-
         widths = check_multi(columns, bin_widths, "bin_widths")
         offs = check_multi(columns, offsets, "offsets")
         pairs = []
@@ -117,8 +117,6 @@ class SparkAggregates:
 
     def _multi(self, columns: Sequence[str], group: GroupRange, pairs: list, df=None) -> list[dict[int, int]]:
         """One aggregation: explode (column index, bin) pairs and count; O(d x bins) rows back."""
-        from pyspark.sql import functions as F
-
         df = self._where(columns, group) if df is None else df
         df = df.select(F.explode(F.array(*pairs)).alias("p"))
         rows = self._collect(df.groupBy(F.col("p.j").alias("j"), F.col("p.bin").alias("bin")).count())
@@ -136,8 +134,6 @@ class SparkAggregates:
         it, with a stack trace in the log). ``floor(log2)`` is made exact against powers of two:
         the float log is off by at most one, corrected down or up, as in the numpy backend.
         """
-        from pyspark.sql import functions as F
-
         bound = F.lit(VALUE_BOUND)
         first = []
         for j, (col, c) in enumerate(zip(columns, centers)):
@@ -191,8 +187,6 @@ class SparkAggregates:
         group: GroupRange,
         sub_edges: tuple[float, ...] = (),
     ) -> list[dict[int, int]]:
-        from pyspark.sql import functions as F
-
         edges = check_sub_edges(sub_edges)
         cs = [float(np.clip(c, -VALUE_BOUND, VALUE_BOUND)) for c in check_multi(columns, centers, "centers")]
         keys = self._log_keys(self._where(columns, group), columns, cs, edges)
@@ -202,8 +196,6 @@ class SparkAggregates:
     def _deviations(self, columns: Sequence[str], c: np.ndarray, sc: np.ndarray | None, group: GroupRange):
         """``df`` of the (scaled, clamped) deviations ``_d{j}``: operation for operation
         :func:`dplib.aggregates.scaled_deviations`."""
-        from pyspark.sql import functions as F
-
         bound = F.lit(VALUE_BOUND)
         diffs = [F.least(F.greatest(qcol(col), -bound), bound) - F.lit(float(cj)) for col, cj in zip(columns, c)]
         if sc is not None:
@@ -216,8 +208,6 @@ class SparkAggregates:
         """``df`` (columns ``_d{j}``) -> the clipped deviations ``_u{j}``, operation for operation
         :func:`dplib.aggregates.clip_deviations` (staged projections: deviations, then the clip
         factor, so that each generated expression stays small for large d)."""
-        from pyspark.sql import functions as F
-
         rho = F.lit(float(radius))
         dcols = [F.col(f"_d{j}") for j in range(d)]
         if d == 1:
@@ -232,8 +222,6 @@ class SparkAggregates:
     def _with_norm(df, d: int):
         """``df`` (columns ``_d{j}``) plus their l2 norm ``_norm``, as
         :func:`dplib.aggregates.deviation_norms` (staged projections: small generated code)."""
-        from pyspark.sql import functions as F
-
         dcols = [F.col(f"_d{j}") for j in range(d)]
         if d == 1:
             return df.select(*dcols, F.abs(dcols[0]).alias("_norm"))
@@ -271,8 +259,6 @@ class SparkAggregates:
         scales: np.ndarray | None = None,
     ) -> tuple[np.ndarray, int]:
         """As :meth:`dplib.aggregates.NumpyAggregates.clipped_outer_sum`, operation for operation."""
-        from pyspark.sql import functions as F
-
         c = check_clip_args(columns, center, radius)
         sc = check_scales(scales, len(columns))
         check_outer_radius(radius)
@@ -282,12 +268,9 @@ class SparkAggregates:
         pairs = [(j, k) for j in range(d) for k in range(j, d)]
         units = [F.bround((F.col(f"_u{j}") * F.col(f"_u{k}")) / r2 * F.lit(QUANT_SCALE), 0).cast("long")
                  for j, k in pairs]
-        aggs = [F.sum(u.cast("decimal(38,0)")).alias(f"s{i}") for i, u in enumerate(units)]
-        row = self._collect(df.agg(*aggs, F.count(F.lit(1)).alias("n")))[0]
-        n = int(row["n"])
+        n, total = exact_sums(df, units, self._collect)
         if n == 0:
             return np.zeros(len(pairs)), 0
-        total = [int(row[f"s{i}"]) for i in range(len(pairs))]
         return np.array([float(t) for t in total]) * (float(radius) * float(radius) / QUANT_SCALE), n
 
     def clipped_sum(
@@ -298,8 +281,6 @@ class SparkAggregates:
         group: GroupRange,
         scales: np.ndarray | None = None,
     ) -> tuple[np.ndarray, int]:
-        from pyspark.sql import functions as F
-
         c = check_clip_args(columns, center, radius)
         sc = check_scales(scales, len(columns))
         rho = F.lit(float(radius))
@@ -307,11 +288,7 @@ class SparkAggregates:
         devs = [F.col(f"_u{j}") for j in range(len(columns))]
         # Fixed point, as dplib.aggregates.quantize_deviations: bround = round half to even.
         units = [F.bround(d / rho * F.lit(QUANT_SCALE), 0).cast("long") for d in devs]
-        # decimal(38,0): no int64 overflow (an ANSI overflow error would be a data-dependent crash)
-        aggs = [F.sum(u.cast("decimal(38,0)")).alias(f"s{j}") for j, u in enumerate(units)] + [F.count(F.lit(1)).alias("n")]
-        row = self._collect(df.agg(*aggs))[0]
-        n = int(row["n"])
+        n, total = exact_sums(df, units, self._collect)
         if n == 0:
             return np.zeros(len(columns)), 0
-        total = [int(row[f"s{j}"]) for j in range(len(columns))]
         return np.array([float(t) for t in total]) * (float(radius) / QUANT_SCALE), n

@@ -22,8 +22,8 @@ Three physical plans compute the same rows (tested equal, and equal to the numpy
   For ``m`` above Spark's limit of ``min_by``'s ``k`` (:data:`BOTTOM_K_LIMIT`) it falls back to
   the window plan.
 - ``"window"``: numbering of identical records by an aggregation, then ``row_number()`` over
-  ``Window.partitionBy(person).orderBy(key)`` and a pivoted ``groupBy(person)`` count (spec
-  §7.1's plan; two shuffles and a sort of every record by its key).
+  ``Window.partitionBy(person).orderBy(key)`` and a pivoted ``groupBy(person)`` count (the
+  straightforward plan; two shuffles and a sort of every record by its key).
 - ``"collect"``: as ``"window"`` up to the keys, then one aggregation per person collecting
   ``(key, category)`` pairs, ``array_sort`` + ``slice`` to the m smallest. Slowest
   (``collect_list`` runs as an object hash aggregate that falls back to sort-based aggregation
@@ -38,24 +38,26 @@ as the numpy twin. ``benchmarks/batch_sampling.py`` measures the plans against a
 
 from __future__ import annotations
 
-from spark_jobs.spark.sqlnames import qcol
-
 from typing import Sequence
 
 import numpy as np
+from pyspark.sql import Window
+from pyspark.sql import functions as F
 
 from dplib.distribution.batches import (
     KEY_HEX_DIGITS,
-    KEY_SEPARATOR,
     QUANT_SCALE,
     BatchMoments,
     check_batch_size,
     check_categories,
     check_clip,
 )
+from dplib.distribution.shares import SHARE_SCALE
 from dplib.errors import InvalidParameterError
 from dplib.groups import GroupRange, is_salt
-from spark_jobs.spark.summarize import _valid_id
+from spark_jobs.spark.aggregates import exact_sums
+from spark_jobs.spark.keys import group_index, in_group, number_copies, valid_id, with_record_key, with_salt
+from spark_jobs.spark.sqlnames import qcol
 
 PLANS = ("bottomk", "collect", "window")
 #: Largest ``m`` of the ``"bottomk"`` plan (Spark's limit on ``min_by``'s ``k``); above it the
@@ -67,8 +69,6 @@ def _checked_records(df, unit_column, category_column, categories, salt_hex, lab
     """Check the parameters and columns, then return ``(records, pid, cat)``: the records with a
     valid person id, the ``_pid`` column (the id as a string) and the ``_cat`` column (category
     index in the public list, OTHER = last). Shared by both ways of naming records."""
-    from pyspark.sql import functions as F
-
     cats = check_categories(categories)
     if not is_salt(salt_hex):
         raise InvalidParameterError("salt must be 64 lowercase hex characters")
@@ -79,37 +79,16 @@ def _checked_records(df, unit_column, category_column, categories, salt_hex, lab
     mapping = F.create_map(*[x for i, c in enumerate(cats) for x in (F.lit(c), F.lit(i))])
     cat = F.coalesce(mapping[qcol(category_column).cast("string")], F.lit(len(cats))).cast("int")
     uid = qcol(unit_column)
-    return df.where(_valid_id(uid, null_values)), uid.cast("string").alias("_pid"), cat.alias("_cat")
+    return df.where(valid_id(uid, null_values)), uid.cast("string").alias("_pid"), cat.alias("_cat")
 
 
 def _labelled_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values):
     """Records -> (_pid, _cat, _label): one row per record with a valid person id, its category
     index in the public list (OTHER = last) and the SHA-256 hex of its label."""
-    from pyspark.sql import functions as F
-
     label_cols = _label_columns(label_columns, category_column)
     records, pid, cat = _checked_records(df, unit_column, category_column, categories, salt_hex, label_cols, null_values)
     label = F.sha2(F.to_json(F.struct(*[qcol(c) for c in label_cols])), 256)
     return records.select(pid, cat, label.alias("_label"))
-
-
-#: Copies of one record are numbered in blocks of this size (no array above it, whatever the count).
-COPY_BLOCK = 65_536
-
-
-def number_copies(counted, keep):
-    """``(<keep>, _cnt)`` -> ``(<keep>, _j)``: each row repeated ``_cnt`` times with
-    ``_j = 0 .. _cnt - 1`` (long). Two levels of ``explode``, so no array holds more than
-    :data:`COPY_BLOCK` elements: a person with 10^9 identical records (a bot sending one value)
-    costs no oversized row, and Spark's array-size error, whose message would print the count,
-    cannot occur."""
-    from pyspark.sql import functions as F
-
-    cnt = F.col("_cnt").cast("long")
-    blocks = counted.select(*keep, cnt.alias("_cnt"), F.explode(F.sequence(F.lit(0).cast("long"), F.floor((cnt - 1) / COPY_BLOCK))).alias("_b"))
-    lo = F.col("_b") * COPY_BLOCK
-    hi = F.least(F.col("_cnt"), lo + COPY_BLOCK) - 1
-    return blocks.select(*keep, F.explode(F.sequence(lo, hi)).alias("_j"))
 
 
 def _label_columns(label_columns, category_column):
@@ -124,31 +103,14 @@ def _label_columns(label_columns, category_column):
     return label_cols
 
 
-def _with_record_key(numbered, salt_hex, keep=("_cat",)):
-    """``(_pid, _label, <keep>, _j)`` -> ``(_pid, <keep>, _key)``, ``_key`` the hex digest
-    ``SHA-256(salt || person || 0x1f || label || ":" || j)`` of :func:`record_keys`. The salt is
-    joined as data (a broadcast one-row table), never a literal in the plan."""
-    from pyspark.sql import functions as F
-
-    salt_df = numbered.sparkSession.createDataFrame([(salt_hex,)], "_salt string")
-    out = numbered.crossJoin(F.broadcast(salt_df))
-    key = F.sha2(
-        F.concat(F.col("_salt"), F.col("_pid"), F.lit(KEY_SEPARATOR), F.col("_label"), F.lit(":"), F.col("_j").cast("string")),
-        256,
-    )
-    return out.select("_pid", *keep, key.alias("_key"))
-
-
 def _keyed_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values):
     """Records -> (_pid, _cat, _k1, _k2): one row per record with its category index and key
     (the window and collect plans)."""
-    from pyspark.sql import functions as F
-
     records = _labelled_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values)
     # records sharing (person, label) are interchangeable for the batch: number them 0..cnt-1
     numbered = records.groupBy("_pid", "_label", "_cat").agg(F.count(F.lit(1)).alias("_cnt"))
     numbered = number_copies(numbered, ["_pid", "_label", "_cat"])
-    keyed = _with_record_key(numbered, salt_hex)
+    keyed = with_record_key(numbered, salt_hex)
     key = F.col("_key")
     k1 = F.conv(F.substring(key, 1, KEY_HEX_DIGITS), 16, 10).cast("long")
     k2 = F.conv(F.substring(key, KEY_HEX_DIGITS + 1, KEY_HEX_DIGITS), 16, 10).cast("long")
@@ -157,12 +119,7 @@ def _keyed_records(df, unit_column, category_column, categories, salt_hex, label
 
 def _with_group(per_person, salt_hex):
     """Add ``_group`` (as :func:`spark_jobs.spark.summarize.summarize`) once per person row."""
-    from pyspark.sql import functions as F
-
-    salt_df = per_person.sparkSession.createDataFrame([(salt_hex,)], "_salt string")
-    out = per_person.crossJoin(F.broadcast(salt_df))
-    group = F.conv(F.substring(F.sha2(F.concat(F.col("_salt"), F.col("_pid")), 256), 1, 8), 16, 10).cast("long")
-    return out.withColumn("_group", group)
+    return with_salt(per_person, salt_hex).withColumn("_group", group_index())
 
 
 def person_batches(
@@ -207,9 +164,6 @@ def person_batches(
     InvalidParameterError
         Bad categories, m, salt, plan, or a missing column.
     """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
     m = check_batch_size(m)
     if plan not in PLANS:
         raise InvalidParameterError(f"plan must be one of {PLANS}, got {plan!r}")
@@ -239,8 +193,6 @@ def person_batches(
 def _bottom_k_batches(df, unit_column, category_column, categories, m, salt_hex, label_columns, null_values):
     """The ``"bottomk"`` plan (module docstring): hash-aggregated counts of identical records, one
     key per copy, a bounded ``min_by`` per person."""
-    from pyspark.sql import functions as F
-
     k = len(categories) + 1
     if _label_columns(label_columns, category_column) == [category_column]:
         # Records named by their category alone (the default): count (person, category) with
@@ -257,7 +209,7 @@ def _bottom_k_batches(df, unit_column, category_column, categories, m, salt_hex,
         counted = rec.groupBy("_pid", "_label", "_cat").agg(F.count(F.lit(1)).alias("_cnt"))
     # number identical records 0..cnt-1 (which copy gets which number is immaterial)
     numbered = number_copies(counted, ["_pid", "_label", "_cat"])
-    keyed = _with_record_key(numbered, salt_hex)
+    keyed = with_record_key(numbered, salt_hex)
     order = F.struct(F.substring("_key", 1, 2 * KEY_HEX_DIGITS).alias("key"), F.col("_cat").alias("cat"))
     per = keyed.groupBy("_pid").agg(F.min_by("_cat", order, m).alias("_cats"))
     # fewer than m records: fewer than m kept (policy "drop")
@@ -271,8 +223,6 @@ def _category_counts(df, unit_column, category_column, categories, salt_hex, nul
     """``(_pid, _label, _cat, _cnt)`` for records named by their category alone: one row per
     (person, category value), ``_label`` the SHA-256 hex of ``to_json(struct(category))`` (as
     :func:`_labelled_records` computes it per record), ``_cnt`` the person's records of it."""
-    from pyspark.sql import functions as F
-
     records, pid, cat = _checked_records(df, unit_column, category_column, categories, salt_hex, [category_column], null_values)
     # grouped by the JSON text itself (not the raw value: grouping normalises -0.0 and NaN of a
     # floating category column, the per-record path does not)
@@ -306,10 +256,7 @@ class SparkBatchAggregates:
         self.rows_collected = 0
 
     def _where(self, group: GroupRange):
-        from pyspark.sql import functions as F
-
-        lo, hi = group.bounds
-        return self._df.where((F.col("_group") >= F.lit(lo)) & (F.col("_group") < F.lit(hi)))
+        return self._df.where(in_group(group))
 
     def _collect(self, df) -> list:
         rows = df.collect()
@@ -317,42 +264,26 @@ class SparkBatchAggregates:
         return rows
 
     def sums(self, group: GroupRange) -> tuple[int, tuple[int, ...]]:
-        from pyspark.sql import functions as F
-
         c = F.col("counts")
-        exprs = [F.count(F.lit(1)).alias("n")] + [F.sum(c[a].cast("decimal(38,0)")).alias(f"s{a}") for a in range(self.k)]
-        (row,) = self._collect(self._where(group).agg(*exprs))
-        return int(row["n"]), tuple(0 if row[f"s{a}"] is None else int(row[f"s{a}"]) for a in range(self.k))
+        n, s = exact_sums(self._where(group), [c[a] for a in range(self.k)], self._collect)
+        return n, tuple(s)
 
     def moments(self, group: GroupRange) -> BatchMoments:
-        from pyspark.sql import functions as F
-
         k = self.k
         c = F.col("counts")
-        exprs = [F.count(F.lit(1)).alias("n")]
-        exprs += [F.sum(c[a].cast("decimal(38,0)")).alias(f"s{a}") for a in range(k)]
-        exprs += [
-            F.sum(c[a].cast("decimal(38,0)") * c[b].cast("decimal(38,0)")).alias(f"o{a}_{b}")
-            for a in range(k)
-            for b in range(a, k)
-        ]
-        (row,) = self._collect(self._where(group).agg(*exprs))
-        n = int(row["n"])
-        val = lambda x: 0 if x is None else int(x)  # noqa: E731 (sum over no rows is null)
-        s = tuple(val(row[f"s{a}"]) for a in range(k))
+        pairs = [(a, b) for a in range(k) for b in range(a, k)]
+        products = [c[a].cast("decimal(38,0)") * c[b].cast("decimal(38,0)") for a, b in pairs]
+        n, sums = exact_sums(self._where(group), [c[a] for a in range(k)] + products, self._collect)
         o = [[0] * k for _ in range(k)]
-        for a in range(k):
-            for b in range(a, k):
-                o[a][b] = o[b][a] = val(row[f"o{a}_{b}"])
-        return BatchMoments(n, s, tuple(tuple(r) for r in o))
+        for (a, b), v in zip(pairs, sums[k:]):
+            o[a][b] = o[b][a] = v
+        return BatchMoments(n, tuple(sums[:k]), tuple(tuple(r) for r in o))
 
     def histogram(self, group: GroupRange) -> dict[tuple[int, ...], int]:
         rows = self._collect(self._where(group).groupBy("counts").count())
         return {tuple(int(x) for x in r["counts"]): int(r["count"]) for r in rows}
 
     def clipped_sum(self, center: np.ndarray, radius: float, norm: str, group: GroupRange) -> tuple[np.ndarray, int]:
-        from pyspark.sql import functions as F
-
         center = check_clip(center, radius, norm, self.k)
         radius = float(radius)
         k, m = self.k, float(self.m)
@@ -366,10 +297,8 @@ class SparkBatchAggregates:
         factor = F.when(size > F.lit(radius), F.lit(radius) / size).otherwise(F.lit(1.0))
         units = [F.rint(d * factor / F.lit(radius) * F.lit(QUANT_SCALE)).cast("long") for d in dev]
         df = self._where(group).select(*[u.alias(f"u{j}") for j, u in enumerate(units)])
-        aggs = [F.count(F.lit(1)).alias("n")] + [F.sum(F.col(f"u{j}").cast("decimal(38,0)")).alias(f"s{j}") for j in range(k)]
-        (row,) = self._collect(df.agg(*aggs))
-        total = [0 if row[f"s{j}"] is None else int(row[f"s{j}"]) for j in range(k)]
-        return np.array([float(t) for t in total]) * (radius / QUANT_SCALE), int(row["n"])
+        n, total = exact_sums(df, [F.col(f"u{j}") for j in range(k)], self._collect)
+        return np.array([float(t) for t in total]) * (radius / QUANT_SCALE), n
 
 
 def person_shares(
@@ -389,10 +318,6 @@ def person_shares(
     -------
     DataFrame ``(_group long, units array<long>)`` (lazy; persist it).
     """
-    from pyspark.sql import functions as F
-
-    from dplib.distribution.shares import SHARE_SCALE
-
     k = len(check_categories(categories)) + 1
     counted = _category_counts(df, unit_column, category_column, categories, salt_hex, null_values)
     per = counted.groupBy("_pid").pivot("_cat", list(range(k))).agg(F.sum("_cnt"))
@@ -414,14 +339,12 @@ class SparkShareSums:
         self.k = int(k)
         self.rows_collected = 0
 
-    def share_sums(self, group: GroupRange) -> tuple[int, tuple[int, ...]]:
-        from pyspark.sql import functions as F
-
-        lo, hi = group.bounds
-        df = self._df.where((F.col("_group") >= F.lit(lo)) & (F.col("_group") < F.lit(hi)))
-        u = F.col("units")
-        exprs = [F.count(F.lit(1)).alias("n")] + [F.sum(u[j].cast("decimal(38,0)")).alias(f"s{j}") for j in range(self.k)]
-        rows = df.agg(*exprs).collect()
+    def _collect(self, df) -> list:
+        rows = df.collect()
         self.rows_collected += len(rows)
-        (row,) = rows
-        return int(row["n"]), tuple(0 if row[f"s{j}"] is None else int(row[f"s{j}"]) for j in range(self.k))
+        return rows
+
+    def share_sums(self, group: GroupRange) -> tuple[int, tuple[int, ...]]:
+        u = F.col("units")
+        n, s = exact_sums(self._df.where(in_group(group)), [u[j] for j in range(self.k)], self._collect)
+        return n, tuple(s)

@@ -138,8 +138,8 @@ def check_parquet_files(files, unit_column: str, value_columns: list[str], categ
     InputDataError
         Naming the column and the file (its base name) that breaks the rule.
     """
-    import pyarrow.parquet as pq
-    from pyspark.sql.pandas.types import from_arrow_schema
+    import pyarrow.parquet as pq  # lazy: the CLI and Airflow import this module for absolute()
+    from pyspark.sql.pandas.types import from_arrow_schema  # lazy: as above, no pyspark for them
 
     needed = [unit_column] + list(value_columns) + [c for c in categorical if c not in value_columns]
     first: dict[str, tuple[str, str]] = {}
@@ -243,10 +243,10 @@ def normalize_ids(records, unit_column: str, null_values=()):
     executors (an Arrow-batched Python UDF). Missing ids are decided first, on the raw id (null, or
     equal after trimming spaces to one of ``null_values``) and become null: normalising must not
     turn ``NA`` into a person ``na``."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as F  # lazy: the CLI and Airflow import this module for absolute()
 
-    from dplib.mean.api import normalize_id
-    from spark_jobs.spark.sqlnames import qcol
+    from dplib.mean.api import normalize_id  # lazy: as above (dplib.mean pulls scipy)
+    from spark_jobs.spark.sqlnames import qcol  # lazy: as above (sqlnames imports pyspark)
 
     missing = frozenset(null_values)
 

@@ -18,9 +18,14 @@ from __future__ import annotations
 import glob
 import logging
 import os
-import sys
 import re
+import sys
 from pathlib import Path
+
+import pyspark
+from pyspark import SparkConf, SparkContext
+from pyspark.find_spark_home import _find_spark_home
+from pyspark.sql import SparkSession
 
 from dplib.errors import ConfigError
 
@@ -78,8 +83,6 @@ def spark_defaults_file() -> Path | None:
     conf_dir = os.environ.get("SPARK_CONF_DIR")
     if not conf_dir:
         try:
-            from pyspark.find_spark_home import _find_spark_home
-
             conf_dir = os.path.join(_find_spark_home(), "conf")
         except Exception:  # no Spark home found: there is no defaults file either
             return None
@@ -144,8 +147,6 @@ def delta_jars() -> list[str]:
     cp_file = delta_classpath_file()
     if cp_file is None:
         return []
-    import pyspark
-
     shipped = {_artifact(p) for p in glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "*.jar"))}
     jars = [p for p in cp_file.read_text().strip().split(os.pathsep) if p]
     missing = [p for p in jars if not os.path.isfile(p)]
@@ -180,9 +181,6 @@ def build_session(
     -------
     pyspark.sql.SparkSession
     """
-    from pyspark import SparkConf
-    from pyspark.sql import SparkSession
-
     existing = SparkSession.getActiveSession()
     if existing is not None:
         return existing
@@ -190,8 +188,6 @@ def build_session(
     if submitted:
         # Connect to spark-submit's JVM first (launches nothing): only then does SparkConf() see
         # its --master, --jars / --packages and --conf (before, it is an empty Python dict).
-        from pyspark import SparkContext
-
         SparkContext._ensure_initialized()
     preset = SparkConf()  # under spark-submit this holds --master, --packages, --conf ...
     builder = SparkSession.builder.appName(app_name)

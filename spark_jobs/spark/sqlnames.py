@@ -8,6 +8,8 @@ reserved. Every reference to a user-named column (or a name derived from one) go
 
 from __future__ import annotations
 
+from pyspark.sql import functions as F
+
 
 def quote(name: str) -> str:
     """``name`` as one backtick-quoted Spark SQL identifier (backticks doubled)."""
@@ -16,6 +18,4 @@ def quote(name: str) -> str:
 
 def qcol(name: str):
     """``F.col`` of the column literally named ``name`` (no struct-field or star parsing)."""
-    from pyspark.sql import functions as F
-
     return F.col(quote(name))

@@ -45,29 +45,20 @@ Record rules (documented in README.md):
 
 from __future__ import annotations
 
-from spark_jobs.spark.sqlnames import qcol
-
 import math
 
+from pyspark.sql import functions as F
+
+from dplib.distribution.batches import KEY_HEX_DIGITS
 from dplib.errors import InvalidParameterError
 from dplib.groups import derive_salt, is_salt
-from dplib.summary import CLAMP, LIMB_BITS, LIMBS, SHIFT
+from dplib.summary import CLAMP, LIMB_BITS, LIMBS, SHIFT, check_record_cap
+from spark_jobs.spark.keys import group_index, number_copies, valid_id, with_record_key, with_salt
+from spark_jobs.spark.sqlnames import qcol
 
-#: Largest ``max_records_per_person`` (Spark's limit on ``min_by``'s ``k``).
-MAX_RECORDS_LIMIT = 100_000
 #: The cap's keys use ``derive_salt(salt, CAP_SALT_TAG)``: an order of their own, independent of
 #: the distribution batches' draws and of the group index.
 CAP_SALT_TAG = "record-cap"
-
-
-def _valid_id(col, null_values):
-    from pyspark.sql import functions as F
-
-    s = F.trim(col.cast("string"))
-    cond = col.isNotNull()
-    if null_values:
-        cond = cond & ~s.isin(list(null_values))
-    return cond
 
 
 def summarize(
@@ -94,7 +85,8 @@ def summarize(
         Also keep the person id as ``_pid`` (string): for estimators that hash it again with
         their own tag (BHS23's keyed order, :mod:`spark_jobs.spark.vectors`). Never written out.
     max_records_per_person : int, optional
-        Record cap R in ``[m_min, MAX_RECORDS_LIMIT]`` (module docstring); None (default) keeps all.
+        Record cap R in ``[m_min, MAX_RECORDS_LIMIT]`` (:data:`dplib.summary.MAX_RECORDS_LIMIT`; module
+        docstring); None (default) keeps all.
     label_columns : list of str, optional
         Columns whose JSON names a record for the cap's keys (default ``value_columns``). The job
         passes every value column of the run, so all statistics of a run keep the same records.
@@ -108,13 +100,11 @@ def summarize(
     -------
     DataFrame with columns ``_group``, ``<col>``, ``_m_<col>`` (and ``_pid``) (lazy; cache it).
     """
-    from pyspark.sql import functions as F
-
     if not is_salt(salt_hex):
         raise InvalidParameterError("salt must be 64 lowercase hex characters")
     if not value_columns:
         raise InvalidParameterError("value_columns must name at least one column")
-    cap = _check_cap(max_records_per_person)
+    cap = check_record_cap(max_records_per_person)
     if cap is not None and cap < m_min:
         raise InvalidParameterError(f"max_records_per_person ({cap}) is below m_min ({m_min}): no person could keep m_min records")
     labels = list(value_columns) if label_columns is None else list(label_columns)
@@ -123,9 +113,9 @@ def summarize(
     uid = qcol(unit_column)
     if cap is not None:
         # invalid ids dropped first: their records never reach the keyed draw
-        records = df.where(_valid_id(uid, null_values))
+        records = df.where(valid_id(uid, null_values))
         per_person = _capped_values(records, uid, value_columns, labels, derive_salt(salt_hex, CAP_SALT_TAG), cap)
-        return _finish(per_person, df, value_columns, salt_hex, m_min, keep_id)
+        return _finish(per_person, value_columns, salt_hex, m_min, keep_id)
     # Records without a valid id are grouped like any id and their group is dropped after the
     # aggregation: the same persons as dropping the records first (validity is a function of the
     # grouping key), with the string test (trim + compare) run once per group, not per record.
@@ -134,15 +124,13 @@ def summarize(
     per_person = _limb_sums(rows, value_columns, names)
     # (Spark pushes a filter on a grouping key below the aggregation; tying the test to an
     # aggregate output keeps it above: every group has a count >= 0.)
-    kept = F.when(qcol(f"_m_{value_columns[0]}") >= 0, _valid_id(F.col("_pid"), null_values)).otherwise(F.lit(False))
-    return _finish(per_person.where(kept), df, value_columns, salt_hex, m_min, keep_id)
+    kept = F.when(qcol(f"_m_{value_columns[0]}") >= 0, valid_id(F.col("_pid"), null_values)).otherwise(F.lit(False))
+    return _finish(per_person.where(kept), value_columns, salt_hex, m_min, keep_id)
 
 
 def _usable(c):
     """A value column as the summary uses it: double, non-finite -> null, clamped to
     ``[-CLAMP, CLAMP]``."""
-    from pyspark.sql import functions as F
-
     v = qcol(c).try_cast("double")  # CSV strings: a non-number becomes null (dropped)
     # Spark's least/greatest skip nulls (greatest(null, x) = x): test for null first.
     bad = v.isNull() | F.isnan(v) | (F.abs(v) == F.lit(float("inf")))
@@ -162,8 +150,6 @@ def _limb_sums(rows, value_columns, names):
     ``k = trunc(y 2**-31)`` fits a long (``|k| <= 2**53``), ``y - k 2**31`` is exact (both are
     multiples of ``ulp(y)`` and the difference is below ``2**31``) and its truncation toward zero
     is the signed limb. No ``log2``/``pow``/shifts, no branches: it stays generated code."""
-    from pyspark.sql import functions as F
-
     two84, down, up = repr(math.ldexp(1.0, 84)), repr(math.ldexp(1.0, -LIMB_BITS)), repr(math.ldexp(1.0, LIMB_BITS))
     aggs = []
     for c, n in zip(value_columns, names):
@@ -175,22 +161,10 @@ def _limb_sums(rows, value_columns, names):
     return rows.groupBy("_pid").agg(*aggs)
 
 
-def _check_cap(cap):
-    if cap is None:
-        return None
-    if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_RECORDS_LIMIT:
-        raise InvalidParameterError(f"max_records_per_person must be an integer in [1, {MAX_RECORDS_LIMIT}], got {cap!r}")
-    return cap
-
-
 def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
     """:func:`_limb_sums` over each person's at most ``cap`` records with the smallest keys
     (module docstring). One shuffle by person; the count of identical records, the bounded
     ``min_by`` and the limb sums run inside it."""
-    from pyspark.sql import functions as F
-
-    from spark_jobs.spark.batches import KEY_HEX_DIGITS, _with_record_key, number_copies
-
     names = [f"_v{i}" for i in range(len(value_columns))]
     label = F.sha2(F.to_json(F.struct(*[qcol(c) for c in label_columns])), 256)
     rec = records.select(
@@ -203,7 +177,7 @@ def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
     # partition (no sort; hash partitioning by person satisfies the (person, label) clustering).
     counted = rec.groupBy("_pid", "_label", "_rec").agg(F.count(F.lit(1)).alias("_cnt"))
     numbered = number_copies(counted, ["_pid", "_label", "_rec"])
-    keyed = _with_record_key(numbered, salt_hex, keep=("_rec",))
+    keyed = with_record_key(numbered, salt_hex, keep=("_rec",))
     order = F.struct(F.substring("_key", 1, 2 * KEY_HEX_DIGITS).alias("key"), F.col("_rec").alias("rec"))
     per = keyed.groupBy("_pid").agg(F.min_by("_rec", order, cap).alias("_kept"))
     # the kept records, one row each, summed like uncapped records (the rows are already
@@ -212,10 +186,8 @@ def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
     return _limb_sums(kept, value_columns, names)
 
 
-def _finish(per_person, df, value_columns, salt_hex, m_min, keep_id):
+def _finish(per_person, value_columns, salt_hex, m_min, keep_id):
     """``(_pid, _m_<col>, _s<i>_<col>)`` (:func:`_limb_sums`) -> the summary columns."""
-    from pyspark.sql import functions as F
-
     means = []
     for c in value_columns:
         total = F.lit(0.0)
@@ -223,12 +195,8 @@ def _finish(per_person, df, value_columns, salt_hex, m_min, keep_id):
             total = total + qcol(f"_s{i}_{c}").cast("double") * F.lit(math.ldexp(1.0, LIMB_BITS * i - SHIFT))
         means.append(F.when(qcol(f"_m_{c}") > 0, total / qcol(f"_m_{c}")).alias(f"_avg_{c}"))
     per_person = per_person.select("_pid", *[qcol(f"_m_{c}") for c in value_columns], *means)
-    # The salt enters as data of a one-row broadcast table, not as a literal: literals are
-    # printed in query plans (Spark UI, event logs, explain()), table rows are not.
-    salt_df = df.sparkSession.createDataFrame([(salt_hex,)], "_salt string")
-    per_person = per_person.crossJoin(F.broadcast(salt_df))
-    group = F.conv(F.substring(F.sha2(F.concat(F.col("_salt"), F.col("_pid")), 256), 1, 8), 16, 10).cast("long")
-    cols = [group.alias("_group")] + ([F.col("_pid")] if keep_id else [])
+    per_person = with_salt(per_person, salt_hex)  # the salt as data, never a literal (keys.py)
+    cols = [group_index().alias("_group")] + ([F.col("_pid")] if keep_id else [])
     for c in value_columns:
         cols.append(F.when(qcol(f"_m_{c}") >= m_min, qcol(f"_avg_{c}")).alias(c))
         cols.append(qcol(f"_m_{c}"))

@@ -7,10 +7,10 @@ columns, :func:`person_vectors`). It answers the person count (for the DP lower 
 1. every person gets the key ``SHA-256(salt || ":bhs23-order:" || "p:" || id)[:16 hex]`` and
    every public dummy ``j`` the key of ``"d:" || j`` (:data:`dplib.covariance.person.DUMMY_PREFIX`);
 2. persons and ``max(0, n0 - n)`` dummies are sorted by (key, vector) once, and the first n0
-   rows are kept: the selection by keyed-hash rank and the random order of spec §1.2 are the
-   same sort (the argument is in :mod:`dplib.covariance.person`);
+   rows are kept: the selection by keyed-hash rank and BHS23's random order of the rows are
+   the same sort (the argument is in :mod:`dplib.covariance.person`);
 3. global positions come from per-partition counts of the sorted, cached table; rows are joined
-   into **pair rows** ``(x_{2i}, x_{2i+1})`` (spec §5.2), plus the leftover row when n0 is odd,
+   into **pair rows** ``(x_{2i}, x_{2i+1})`` (BHS23's Pair), plus the leftover row when n0 is odd,
    and cached once (``persist`` + ``count``). Everything is a deterministic function of
    (salt, ids, vectors): a recomputed partition or a task retry reproduces the same order, pairs
    and reference set; nothing is drawn with ``rand()``.
@@ -25,18 +25,19 @@ top-T heaps) combined with ``treeReduce``; the arithmetic is that of the numpy t
 Driver memory: O(#buckets d^2 + T d) per scan, O(k d) per core scan, M d for the reference
 rows: never O(n d). The only per-person rows collected are the ``top_t`` rows of a scan and the
 M reference rows. The number of passes (``passes``) depends on the data: it is logged at DEBUG
-level only and never released (spec §7.5).
+level only and never released (docs/privacy/stable_covariance.md).
 """
 
 from __future__ import annotations
-
-from spark_jobs.spark.sqlnames import qcol
 
 import logging
 import math
 import pickle
 
 import numpy as np
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql import functions as F
 
 from dplib.covariance.backend import (
     CORE_BATCH,
@@ -57,6 +58,8 @@ from dplib.covariance.order import ORDER_HEX_CHARS, ORDER_TAG, reference_positio
 from dplib.covariance.person import DUMMY_PREFIX, PERSON_PREFIX, check_dummy
 from dplib.errors import InputDataError, InvalidParameterError
 from dplib.groups import is_salt
+from spark_jobs.spark.sqlnames import qcol
+from spark_jobs.spark.summarize import summarize
 
 log = logging.getLogger("person_dp.covariance")
 
@@ -76,8 +79,6 @@ def person_vectors(
     and the columns naming a record for it (:func:`spark_jobs.spark.summarize.summarize`).
     Means are clamped to ``[-VALUE_BOUND, VALUE_BOUND]`` (1e100) as the numpy backend does.
     """
-    from spark_jobs.spark.summarize import summarize
-
     summ = summarize(records, unit_column, columns, salt_hex, m_min, null_values, keep_id=True,
                      max_records_per_person=max_records_per_person, label_columns=label_columns)
     return vectors_from_summary(summ, columns)
@@ -97,8 +98,6 @@ def vectors_from_summary(summary, columns: list[str]):
     InvalidParameterError
         The summary lacks ``_pid`` (made without ``keep_id``) or one of the columns.
     """
-    from pyspark.sql import functions as F
-
     missing = [c for c in ["_pid", *columns] if c not in summary.columns]
     if missing:
         raise InvalidParameterError(f"the summary lacks column(s) {missing} (summarize with keep_id=True over them)")
@@ -143,8 +142,6 @@ class SparkPersonVectors:
 
         ``count`` is the exact person count from :meth:`count` (used only to size the padding).
         """
-        from pyspark.sql import functions as F
-
         spark = self._df.sparkSession
         dummy = check_dummy(dummy, self.d)
         pad = max(0, int(n0) - int(count))
@@ -174,8 +171,6 @@ class SparkPersonVectors:
 
     def _pairs(self, ranked, n0: int, xs: list[str]):
         """The cached pair rows of the first ``n0`` ranked rows (unpersisted again on failure)."""
-        from pyspark.sql import functions as F
-
         kept = ranked.where(F.col("_pos") < n0)
         a = kept.where(F.col("_pos") % 2 == 0).select(
             (F.col("_pos") / 2).cast("long").alias("pair"), *[F.col(x).alias(f"a{j}") for j, x in enumerate(xs)]
@@ -206,9 +201,6 @@ def _ranked(sorted_df, xs: list[str]):
 
 
 def _with_positions(cached, xs: list[str]):
-    import pyarrow as pa
-    from pyspark import TaskContext
-
     def count_rows(batches):
         pid = TaskContext.get().partitionId()
         total = sum(b.num_rows for b in batches)
@@ -245,8 +237,6 @@ def _arrays(batch, d: int):
 
 
 def _state_batch(obj):
-    import pyarrow as pa
-
     return pa.RecordBatch.from_arrays([pa.array([pickle.dumps(obj)], pa.binary())], ["state"])
 
 
@@ -332,8 +322,6 @@ class SparkCovarianceBackend:
 
     def fetch_rows(self, positions: np.ndarray) -> np.ndarray:
         """The ordered rows at ``positions`` (at most M rows collected), in the given order."""
-        from pyspark.sql import functions as F
-
         pos = np.asarray(positions, dtype=np.int64)
         if pos.size and (pos.min() < 0 or pos.max() >= self.n):
             raise InputDataError("reference positions out of range")

@@ -198,10 +198,11 @@ def test_copies_are_numbered_in_blocks(spark, monkeypatch):
     """number_copies: each row repeated _cnt times with _j = 0.._cnt-1, across block edges
     (blocks of 3 here), and the batches with small blocks equal the numpy twin's."""
     import spark_jobs.spark.batches as sb
+    import spark_jobs.spark.keys as keys
 
-    monkeypatch.setattr(sb, "COPY_BLOCK", 3)
+    monkeypatch.setattr(keys, "COPY_BLOCK", 3)
     counted = spark.createDataFrame([(f"r{c}", c) for c in range(1, 11)], "name string, _cnt long")
-    got = sorted((r["name"], r["_j"]) for r in sb.number_copies(counted, ["name"]).collect())
+    got = sorted((r["name"], r["_j"]) for r in keys.number_copies(counted, ["name"]).collect())
     assert got == sorted((f"r{c}", j) for c in range(1, 11) for j in range(c))
     rows = [{"pid": f"p{i % 4}", "dest": ["JFK", "LAX", None][i % 3], "flight": 1} for i in range(40)]
     df = spark.createDataFrame(rows, "pid string, dest string, flight int")

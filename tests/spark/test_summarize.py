@@ -268,8 +268,8 @@ def test_capping_draws_uniformly_without_replacement(spark):
 
 def test_capping_bad_parameter_and_plan(spark):
     from dplib.errors import ConfigError, InvalidParameterError
+    from dplib.summary import MAX_RECORDS_LIMIT
     from spark_jobs.config import SummaryConfig, parse_config
-    from spark_jobs.spark.summarize import MAX_RECORDS_LIMIT
 
     df = spark.createDataFrame([("a", 1.0)], "uid string, x double")
     for bad in (0, -3, 2.5, True, 10**6):

@@ -3,12 +3,12 @@
 1. The Gaussian mechanism of ``clip_and_noise``: over many seeded repetitions on fixed persons,
    the released ``(S, w n)`` minus the exact ``(S, w n)`` has per-coordinate variance sigma^2, with
    sigma the analytic-Gaussian sigma (Balle & Wang 2018) for the l2 sensitivity
-   ``sqrt(rho^2 + (rho/4)^2)`` of spec §6.1, computed here by our own bisection. Chi-square tests
+   ``sqrt(rho^2 + (rho/4)^2)`` (docs/privacy/multivariate_mean.md), computed here by our own bisection. Chi-square tests
    (all coordinates pooled, and each coordinate with a Bonferroni split) at level 1e-3.
    Power, exactly from the chi-square law: >= 0.99 for the pooled test against a 15% wrong sigma,
    >= 0.95 for each per-coordinate test against a 30% wrong sigma; the same deviations are then
    rejected for 0.85/1.15 sigma (pooled) and 0.7/1.3 sigma (every coordinate).
-2. Error vs n (spec §4.3, "Gaussian-type noise (eps small, light tails)" row: slope -1 in n).
+2. Error vs n (Gaussian-type noise, eps small, light tails: slope -1 in n).
    Light-tailed Gaussian persons, k = inf (no clipping-bias term, so the radius stays near the
    floor), error measured against the exact mean of the final group's persons (this removes the
    sampling term, slope -1/2, that the noise otherwise competes with). The fitted slope of
@@ -85,7 +85,7 @@ def test_clip_and_noise_gaussian_variance_with_power():
     backend = _backend(y, gi)
     exact_sum, n = backend.clipped_sum(_cols(D), center, RADIUS, group, scales=scales)
     w = COUNT_WEIGHT * RADIUS
-    assert w == RADIUS / 4  # spec §6.1: c = rho / 4
+    assert w == RADIUS / 4  # the count weight c = rho / 4
     sigma0 = _our_sigma(math.hypot(RADIUS, w), EPS, DELTA)
 
     noise = SeededNoise(77)

@@ -18,8 +18,8 @@ import pytest
 from scipy import stats
 
 from dplib.groups import group_index
-from dplib.mean.pure_reference import fine_pure, grid_scores, plan_fine_pure, pure_mean, sample_exponential_mechanism
-from dplib.mechanisms import SecureNoise, SeededNoise
+from dplib.mean.pure_reference import fine_pure, grid_scores, plan_fine_pure, pure_mean
+from dplib.mechanisms import SecureNoise, SeededNoise, sample_exponential_mechanism
 
 SEEDED_ALPHA = 1e-3
 SECURE_ALPHA = 1e-6

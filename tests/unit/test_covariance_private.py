@@ -1,5 +1,6 @@
-"""BHS23 plans (constants of spec §0.0 against their formulas, gates at the boundary) and the
-private algorithms' public refusals, bad input, FAIL path and budget handling."""
+"""BHS23 plans (the corrected constants of docs/privacy/stable_covariance.md against their
+formulas, gates at the boundary) and the private algorithms' public refusals, bad input, FAIL path
+and budget handling."""
 
 from __future__ import annotations
 
@@ -50,13 +51,13 @@ def test_mean_plan_constants_match_spec_formulas():
     assert gamma <= plan.gamma <= gamma * (1 + 1e-15)
     lam_2k = plan.thresholds[-1]
     assert plan.thresholds[0] == lam and lam_2k == pytest.approx(1.25 * lam)
-    assert lam_2k / (1 - k * lam_2k / m) <= (10 / 7) * lam * (1 + 1e-12)  # lambda_good (Lemma 25, §0.0)
+    assert lam_2k / (1 - k * lam_2k / m) <= (10 / 7) * lam * (1 + 1e-12)  # lambda_good (Lemma 25, corrected)
     assert 2 * (10 / 7) * lam / m <= plan.gamma * (1 + 1e-12)
     assert plan.core_thresholds[-1] == pytest.approx(lam * (1 - gamma) ** (-2 * k))
     c2 = 50 / ((1 - gamma) ** (2 * k + 1) * (1 - k / n) ** 4) * lam / n**2 * 18 * math.log(12 / DELTA) / EPS**2
     assert c2 <= plan.c2 <= c2 * (1 + 1e-13)
     coef = plan.c2 * EPS**2 * n**2 / (lam * math.log(12 / DELTA))
-    assert 1590 < coef < 1645  # "about 1600-1640 at the gate" (§0.0)
+    assert 1590 < coef < 1645  # "about 1593-1640 at the gate" (docs/privacy/stable_covariance.md)
     # intertwining: lambda_l / (1 - lambda_l/m) <= lambda_{l+1} (up to float rounding)
     t = plan.thresholds
     assert all(t[i] / (1 - t[i] / m) <= t[i + 1] * (1 + 1e-12) for i in range(2 * k))

@@ -171,7 +171,8 @@ def test_fast_stable_mean_weights_equal_literal_membership():
 
 
 # ---------------------------------------------------------------------------------------------
-# Stability on adversarial neighbours (spec §3.1, §3.2): one row replaced by an extreme point
+# Stability on adversarial neighbours (BHS23's stability of StableCovariance and StableMean): one
+# row replaced by an extreme point
 # ---------------------------------------------------------------------------------------------
 
 

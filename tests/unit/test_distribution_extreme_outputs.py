@@ -18,7 +18,8 @@ import pytest
 from dplib.budget import Budget
 from dplib.distribution import p3
 from dplib.distribution.batches import NumpyBatches
-from dplib.distribution.private import DistributionPlan, PooledRelease, private_distribution, project_to_simplex
+from dplib.distribution.private import DistributionPlan, PooledRelease, private_distribution
+from dplib.distribution.simplex import project_to_simplex
 
 M = 10
 SHIFTS = [1e300, -1e300, math.inf, -math.inf, 1e17, 5e-324, -5e-324]

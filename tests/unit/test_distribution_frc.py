@@ -1,5 +1,5 @@
-"""Unit tests of the fractional-repair certificate and the CCP search (spec ``discrete_batches.md``
-§2.6b, §2.6c, §2.7, §5): the FRC's minimal discard against a brute-force grid search (k = 2,
+"""Unit tests of the fractional-repair certificate and the CCP search (:mod:`dplib.distribution.frc`;
+docs/privacy/distribution.md): the FRC's minimal discard against a brute-force grid search (k = 2,
 where the certificate reduces to a variance bound) and against an independent per-batch
 formulation (k = 3: second moments about 0, explicit repair variables, no grouping, SCS); the
 verified bracket; solver failure; OVERTRIM and the heterogeneity allowance; CCP. Non-private
@@ -94,8 +94,9 @@ def test_min_discard_k3_against_per_batch_formulation():
 
 
 def test_spec_counterexample_frc_moves_078():
-    """Spec §0.0: nu = (.5,.3,.2), m = 10, five (5,3,2) and fifteen (7,2,1), tau = 0.01:
-    replacing one (5,3,2) by (7,2,1) moves the FRC score by 0.78 (the kept-mass form by 3.2)."""
+    """The kept-mass counterexample (docs/privacy/distribution.md, P3): nu = (.5,.3,.2), m = 10,
+    five (5,3,2) and fifteen (7,2,1), tau = 0.01: replacing one (5,3,2) by (7,2,1) moves the FRC
+    score by 0.78 (the kept-mass form by 3.2)."""
     nu = [0.5, 0.3, 0.2]
     a = FRC({(5, 3, 2): 5, (7, 2, 1): 15}, 10, 0.01).certify(nu)
     b = FRC({(5, 3, 2): 4, (7, 2, 1): 16}, 10, 0.01).certify(nu)
@@ -175,7 +176,7 @@ def heterogeneous(rng, n, m, mu, concentration):
 
 
 def test_overtrim_without_heterogeneity_allowance_ok_with_it():
-    """Honest heterogeneous persons (spec §2.7, attack A6): with omega = 0 the certificate of the
+    """Honest heterogeneous persons (Corollary 3.11, attack A6): with omega = 0 the certificate of the
     true mean discards more than 3 eta (OVERTRIM); with omega budgeted it does not."""
     rng = np.random.default_rng(2)
     m, mu = 200, np.array([0.5, 0.3, 0.2])
@@ -190,7 +191,7 @@ def test_overtrim_without_heterogeneity_allowance_ok_with_it():
 
 
 def test_ccp_recovers_from_point_mass_attack():
-    """Attack A1 (spec §6.2): eta n batches all on the rarest symbol. Every CCP iterate is a
+    """Attack A1: eta n batches all on the rarest symbol. Every CCP iterate is a
     certificate of its own mean (re-certified by the FRC at the output), the discard is
     non-increasing, and the error is far below the naive mean's."""
     rng = np.random.default_rng(3)
@@ -211,7 +212,7 @@ def test_ccp_recovers_from_point_mass_attack():
 
 
 def test_tau_cov_monotone_in_n_and_validates():
-    """Spec §0.0: tau_cov non-increasing in n, n tau_cov non-decreasing (the add/remove bound)."""
+    """tau_cov non-increasing in n, n tau_cov non-decreasing (the add/remove bound)."""
     taus = [tau_cov(4, n, 30, 0.05, 0.01) for n in range(1, 400)]
     assert all(b <= a for a, b in zip(taus, taus[1:]))
     assert all((n + 1) * b >= n * a for n, (a, b) in enumerate(zip(taus, taus[1:]), start=1))

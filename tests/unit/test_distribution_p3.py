@@ -1,6 +1,7 @@
-"""P3 (spec ``discrete_batches.md`` §0.0, §3.7, §7.2): the exact output distribution on
+"""P3 (docs/privacy/distribution.md, "P3: robust and private"): the exact output distribution on
 neighbouring tiny datasets (all grid probabilities, max ratio <= e^epsilon), a deliberately
-broken score failing that same test, each premise of §0.0 against its counterexample (kept-mass
+broken score failing that same test, each premise of the score's sensitivity bound against its
+counterexample (kept-mass
 normalisation, integer discards, a data-dependent tau_cov, the gap's units, raw solver output),
 the grid and neighbourhood, n0 and padding through the whole estimator, abort on solver failure,
 and the cost before any data."""
@@ -111,7 +112,7 @@ def test_radius_zero_is_the_score_and_a_larger_radius_flattens_it(base_scores):
 
 def test_broken_exponent_fails_the_ratio_test(base_scores, neighbour_scores):
     """The same exact test with a broken mechanism: exp(-epsilon S) instead of exp(-epsilon S/2)
-    (spec §8 #5) exceeds e^epsilon on a neighbour pair, so the test above has power."""
+    (docs/privacy/distribution.md) exceeds e^epsilon on a neighbour pair, so the test above has power."""
     s, _ = base_scores
     s2, _ = neighbour_scores[3]
     p = p3.p3_probabilities(s.alpha_scores, 2 * EPS)  # = exp(-EPS S / (1+g)): the broken exponent
@@ -120,7 +121,7 @@ def test_broken_exponent_fails_the_ratio_test(base_scores, neighbour_scores):
 
 
 def kept_mass_score(hist, m, nu, tau):
-    """The WRONG variant of spec §0.0: covariance about nu normalised by the kept mass (the
+    """The WRONG variant (docs/privacy/distribution.md, P3): covariance about nu normalised by the kept mass (the
     filter's C_w form), no repair point: ``sum x_g z z^T / sum x - Sigma(nu) <= Diag(lambda)``
     (multiplied through by sum x, with Lambda = (sum x) lambda)."""
     counts, mult = zip(*sorted(hist.items()))
@@ -137,7 +138,7 @@ def kept_mass_score(hist, m, nu, tau):
 
 
 def test_premise_covariance_normalised_by_n_with_repair_point():
-    """Spec §0.0 counterexample: replacing one (5,3,2) by (7,2,1) moves the kept-mass score
+    """Counterexample (docs/privacy/distribution.md, P3): replacing one (5,3,2) by (7,2,1) moves the kept-mass score
     4.0 -> 7.2 (sensitivity broken) while the FRC score moves 0.78; and an exponential mechanism
     on the kept-mass score fails the exact ratio test where the FRC's passes."""
     nu = np.array([0.5, 0.3, 0.2])
@@ -182,7 +183,7 @@ def integer_score_k2(cs, m, q, tau):
 
 
 def test_premise_fractional_not_integer_discards():
-    """Spec §0.0: integer discards moved a score 0 -> 2 under one removal. Instance (found by
+    """Integer discards (docs/privacy/distribution.md, P3) moved a score 0 -> 2 under one removal. Instance (found by
     search, k = 2, m = 2, nu = (1/2, 1/2), tau = 0.01): batches with 0, 1, 1, 2 draws of the
     first category; removing one '1' batch. The fractional score moves by < 1 ((n-1)/n bound)."""
     cs, m, q, tau = [0, 1, 1, 2], 2, 0.5, 0.01
@@ -233,7 +234,7 @@ def test_premise_certified_scores_with_gap_in_batch_units(base_scores):
         prob.solve(solver="SCS", eps_abs=1e-2, eps_rel=1e-2, max_iters=50)
         outside += not (cert.lower - 1e-9 <= prob.value <= cert.upper + 1e-9)
     assert outside > 0
-    # (b) exact scores with sensitivity exactly 1 (attainable, spec §0.0): S = (0, 1, ..., 1) and
+    # (b) exact scores with sensitivity exactly 1 (attainable): S = (0, 1, ..., 1) and
     # S' = (1, 0, ..., 0); certified values may sit anywhere in [S, S + width]. The worst choice,
     # S_up = S + width (0, 1, ..., 1) and S'_up = S' + width (1, 0, ..., 0), gives a log ratio
     # at point 0 that tends to epsilon (1 + width) / (1 + g): within epsilon iff width <= g.

@@ -25,8 +25,8 @@ from dplib.distribution.private import (
     p1_radius,
     p2_radius,
     private_distribution,
-    project_to_simplex,
 )
+from dplib.distribution.simplex import project_to_simplex
 from dplib.errors import BudgetExceededError, InvalidParameterError
 from dplib.groups import ALL_PERSONS
 from dplib.mechanisms import SeededNoise

@@ -1,7 +1,8 @@
-"""Unit tests of the robust building blocks (spec ``discrete_batches.md`` §2.6a, §4.3, §2.7):
-subset maximisation against brute force, the SDP bound, Lemma 2.11, one filter update and a
-whole filter run against a per-batch brute-force reference, and small seeded attacks (§6.2)
-against the rate eta sqrt(ln(1/eta)/m). Everything here is non-private library code."""
+"""Unit tests of the robust building blocks (:mod:`dplib.distribution.robust`; docs/privacy/
+distribution.md, "Robust building blocks"): subset maximisation against brute force, the SDP
+bound, Lemma 2.11, one filter update and a whole filter run against a per-batch brute-force
+reference, and small seeded attacks (contaminated batches) against the rate eta sqrt(ln(1/eta)/m).
+Everything here is non-private library code."""
 
 from __future__ import annotations
 
@@ -114,7 +115,7 @@ def test_sdp_bound_above_exact(k):
         assert res.value >= exact - 1e-12  # certified upper bound
         assert res.subset_value == pytest.approx(float(s @ d @ s), abs=1e-12)
         assert res.subset_value <= exact + 1e-12
-    # centred: the homogenised SDP is the k x k majorizer SDP of §2.6a divided by 4 (Lemma 2.11),
+    # centred: the homogenised SDP is the k x k majorizer SDP (Corollary 2.16) divided by 4 (Lemma 2.11),
     # and Proposition 2.17 bounds it by sinh(pi/2) x max |s^T Delta s|
     d = centred(sym(rng, k))
     res = max_subset_quadratic(d, exact_max_k=0)
@@ -136,7 +137,7 @@ TINY = {
 
 
 def reference_step(batches, keep, m, t0):
-    """Plain-Python reference of one iteration of spec §4.3 over individual batches."""
+    """Plain-Python reference of one filter iteration over individual batches."""
     k = len(batches[0])
     ys = [[c / m for c in b] for b in batches]
     tot = sum(keep)
@@ -199,7 +200,7 @@ def test_filter_run_matches_per_batch_reference():
     thr = filter_threshold(k, n, m, eta)
     t0 = tail_offset(eta, m)
     keep, its = [1.0] * n, 0
-    while True:  # reference loop of spec §4.3
+    while True:  # reference loop of the filter
         mu, val, new = reference_step(batches, keep, m, t0)
         if val <= thr:
             status = "OK"
@@ -217,17 +218,17 @@ def test_filter_run_matches_per_batch_reference():
 
 
 def test_filter_threshold_formula():
-    # spec §5: 2 eta L/m + (omega/m + omega^2) + 0.5 sqrt((k + ln(1/beta))/n)/m
+    # the filter's threshold: 2 eta L/m + (omega/m + omega^2) + 0.5 sqrt((k + ln(1/beta))/n)/m
     expected = 2 * 0.05 * math.log(20) / 50 + (0.1 / 50 + 0.01) + 0.5 * math.sqrt((4 + math.log(20)) / 900) / 50
     assert filter_threshold(4, 900, 50, 0.05, omega=0.1) == pytest.approx(expected, rel=1e-14)
     assert tail_offset(0.05, 50) == pytest.approx(math.log(40) / 100, rel=1e-14)
 
 
 # ---------------------------------------------------------------------------------------------
-# attacks at small size (spec §6.2)
+# attacks at small size
 #
 # Tolerance: the filter's TV error must be <= 1.5 x rate + t_samp with rate = eta sqrt(ln(1/eta)/m)
-# (1.5 is the spec's measured worst-case filter constant 1.2-1.4, §6.3, rounded up) and t_samp the
+# (1.5 is the measured worst-case filter constant 1.2-1.4, rounded up) and t_samp the
 # sampling error of the clean mean: for each subset S the clean mean of S is an average of
 # n_clean * m independent draws, so by Hoeffding and a union bound over the 2^k subsets,
 # max_S |mean(S) - mu(S)| <= sqrt(ln(2^k / b) / (2 n_clean m)) with probability 1 - b; b = 1e-3.
@@ -313,7 +314,7 @@ def test_heterogeneity_budgeted_is_not_trimmed():
     res = subset_filter(hist, M, 0.05, omega=0.1)
     assert res.status == "OK" and res.discard <= 0.01
     assert tv(res.estimate, MU) <= 0.1  # error O(omega) (Cor 3.11); here it is sampling only
-    # without the allowance the same honest persons are over-trimmed (spec §2.7)
+    # without the allowance the same honest persons are over-trimmed (Corollary 3.11)
     assert subset_filter(hist, M, 0.05, omega=0.0).status == "OVERTRIM"
 
 

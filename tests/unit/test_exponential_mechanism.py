@@ -4,7 +4,9 @@ constructor, after the budget was charged; only seeded doubles had been tested).
 
 The draws are not seeded (the secure source has no seed): every test checks a distributional
 property at a false-alarm rate of 1e-4, and each has a power check that a wrong mechanism (a
-30%-wrong epsilon, a sign error, a deterministic tie-break) fails it."""
+30%-wrong epsilon, a sign error, a deterministic tie-break) fails it. The last tests check the
+output distribution's formula and the input rules (deterministic; moved here from the pure-DP
+reference's tests, which use the same mechanism)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,15 @@ from dplib.budget import Budget
 from dplib.distribution import p3
 from dplib.distribution.private import STAGE_P3, DistributionPlan
 from dplib.errors import InvalidParameterError
-from dplib.mechanisms import ExponentialMechanism, SecureNoise, SeededNoise, clamp_scores, inflate
+from dplib.mechanisms import (
+    ExponentialMechanism,
+    SecureNoise,
+    SeededNoise,
+    clamp_scores,
+    exponential_mechanism_probabilities,
+    inflate,
+    sample_exponential_mechanism,
+)
 from dplib.mechanisms.exponential import SCORE_BOUND
 
 ALPHA = 1e-4  # false-alarm rate of every test below (and the bar the power checks must clear)
@@ -159,3 +169,31 @@ def test_seeded_double_samples_the_same_distribution(small_p3_scores):
     draws = np.array([mech.sample(-small_p3_scores) for _ in range(3000)])
     assert chi2_pvalue(draws, p3.p3_probabilities(small_p3_scores, 0.5)) > ALPHA
     assert chi2_pvalue(draws, p3.p3_probabilities(small_p3_scores, 0.65)) < ALPHA
+
+
+# ----- the output distribution's formula and the input rules ------------------------------------
+def test_exponential_mechanism_probabilities_match_formula_and_do_not_overflow():
+    scores = np.array([0, 3, 7, 7, 2])
+    eps = 0.8
+    w = [math.exp(eps * s / 2) for s in scores]
+    assert np.allclose(exponential_mechanism_probabilities(scores, eps), np.array(w) / sum(w), rtol=1e-13)
+    w2 = [math.exp(eps * s / 4) for s in scores]
+    assert np.allclose(exponential_mechanism_probabilities(scores, eps, 2.0), np.array(w2) / sum(w2), rtol=1e-13)
+    big = exponential_mechanism_probabilities([1e6, 1e6 - 1, 0], 1.0)
+    assert np.all(np.isfinite(big)) and abs(big[1] / big[0] - math.exp(-0.5)) < 1e-12 and big[2] == 0.0
+
+
+def test_sampler_refuses_unknown_noise_sources_and_bad_shapes():
+    class Plain:
+        secure = False
+
+    with pytest.raises(InvalidParameterError, match="noise"):
+        sample_exponential_mechanism([1, 2], 1.0, Plain())
+    for bad in ([], [[1, 2]]):  # the candidate set's shape is public: refused
+        with pytest.raises(InvalidParameterError, match="scores"):
+            sample_exponential_mechanism(bad, 1.0, SeededNoise(0))
+    # score values are data: never refused, clamped (inf to the bound, NaN to minus the bound)
+    assert sample_exponential_mechanism([1.0, np.inf], 1.0, SeededNoise(0)) == 1
+    assert exponential_mechanism_probabilities([np.nan, 0.0], 1.0).tolist() == [0.0, 1.0]
+    with pytest.raises(InvalidParameterError, match="epsilon"):
+        exponential_mechanism_probabilities([1, 2], 0.0)

@@ -3,15 +3,16 @@ new aggregates it uses (``histograms``, ``log_histograms``, ``clipped_sum(..., s
 
 What is checked, and against what independent oracle:
 
-1. Planner with T >= 2 (public inputs found by a deterministic search, spec §2.6 "extra layers
-   pay off ... with parallel composition, or near the n ~ d/eps frontier"), then a full run:
+1. Planner with T >= 2 (public inputs found by a deterministic search; extra layers pay off
+   with parallel composition, or near the n ~ d/eps frontier), then a full run:
    T charges of the whole TCN budget on disjoint sub-ranges whose union is the TCN range, and
    each layer's ``clipped_sum`` reads exactly the persons of its sub-range (recording proxy,
    persons counted from the group indices with our own integer bounds).
 2. The planner reads no data: different data, same public inputs -> the same schedule; the plan
    and ``plan_threads`` never touch a backend that raises on any call; ``plan_threads`` is pure.
 3. ``plan.cost()`` equals ``composed_cost`` of what the accountant recorded, and both equal the
-   (max over disjoint groups | sum) of the stage budgets computed here from the spec's split.
+   (max over disjoint groups | sum) of the stage budgets computed here from the documented split
+   (docs/privacy/multivariate_mean.md).
 4. Sensitivities on extreme neighbours (one person at +-1e300, 0, a bin edge, NaN):
    scaled clipped sum (l2 <= clipped_sum_l2_sensitivity, finite), the joint ``(S, w n)`` vector
    released by ``clip_and_noise`` (the sigma it draws is large enough, by our own Balle-Wang
@@ -155,7 +156,7 @@ def _balle_wang_delta(sigma: float, sens: float, eps: float) -> float:
     return float(norm.cdf(a - b) - math.exp(eps + norm.logcdf(-a - b)))
 
 
-# Public inputs of a run where the planner picks T >= 2 (spec §2.6: parallel composition, large
+# Public inputs of a run where the planner picks T >= 2 (parallel composition, large
 # d, n_TCN * eps near the d / eps frontier) and the coarse stage still has enough persons.
 # Found by the deterministic grid below (iid mode with large m keeps the bins tight).
 _T2_GRID = [
@@ -279,7 +280,7 @@ def test_schedule_does_not_depend_on_data(scales):
         out = multivariate_person_mean(_backend(y, gi), _cols(d), plan, SeededNoise(i))
         assert out.status == STATUS_OK
         schedules.append(out.parameters["schedule"])
-        # r0 is public: 1.5 r'_j per coordinate in normalised units (spec §2.4 step 4), with
+        # r0 is public: 1.5 r'_j per coordinate in normalised units (Theorem 4.19), with
         # r'_j = c_r(k) (declared scales) or one bin of the rough scale (private scales)
         per_coord = bin_width_constant(plan.k) if scales is not None else 1.0
         assert out.parameters["coarse_error_bound"] == pytest.approx(1.5 * per_coord * math.sqrt(d), rel=1e-12)
@@ -433,9 +434,9 @@ def test_scaled_clipped_sum_sensitivity_extreme_neighbours(scales, radius):
 
 @pytest.mark.parametrize("radius", [0.7, 40.0])
 def test_clip_and_noise_joint_release_sensitivity(radius):
-    """The exact (S, w n) handed to the Gaussian moves by at most sqrt(rho^2 + (rho/4)^2) (spec
-    §6.1) between extreme neighbours, and the sigma drawn is (eps, delta)-DP for the largest move
-    observed, by our own Balle-Wang delta."""
+    """The exact (S, w n) handed to the Gaussian moves by at most sqrt(rho^2 + (rho/4)^2)
+    (docs/privacy/multivariate_mean.md) between extreme neighbours, and the sigma drawn is
+    (eps, delta)-DP for the largest move observed, by our own Balle-Wang delta."""
     y, gi = _small_base(1)
     sc = np.array([0.5, 2.0, 1e-3])
     group = GroupRange(0.0, 1.0)
@@ -608,7 +609,7 @@ def test_coordinate_budget_small_d_and_pure():
 
 @pytest.mark.parametrize("d", [1000, 2000])
 def test_coordinate_budget_large_d_does_not_crash(d):
-    """The spec's own pre-flight example uses d = 1000 (§2.4). coordinate_budget must return a
+    """A pre-flight example of the design uses d = 1000. coordinate_budget must return a
     valid per-coordinate budget (at least basic composition), not raise OverflowError."""
     e1, d1 = coordinate_budget(1.0, 1e-6, d)
     assert e1 >= 1.0 / d and d1 > 0

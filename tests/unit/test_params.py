@@ -1,4 +1,4 @@
-"""Public parameter formulas of the person-level mean (spec P1, P6)."""
+"""Public parameter formulas of the person-level mean (bin-width constant, fine radius)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _c_r(k: float) -> float:
 )
 def test_bin_width_constant_table(k, rounded):
     expected = _c_r(k)
-    assert round(expected, 2) == pytest.approx(rounded)  # the spec's table
+    assert round(expected, 2) == pytest.approx(rounded)  # c_r(k) rounded to 2 decimals (a hand-checked table)
     assert bin_width_constant(k) == pytest.approx(expected, rel=1e-12)
 
 
@@ -104,7 +104,7 @@ def test_fine_radius_grows_like_n_eps_to_the_1_over_k():
 
 @pytest.mark.parametrize("m", [2, 4, 30])
 def test_fine_radius_is_finite_for_k_inf_and_m_above_one(m):
-    # k = inf is accepted ("sub-Gaussian-like", spec 6.5: rho -> rho_floor). A finite radius is
+    # k = inf is accepted ("sub-Gaussian-like": rho -> rho_floor). A finite radius is
     # needed: the fine stage uses it as the Laplace sensitivity.
     rho = fine_radius(1.0, math.inf, m, 1.0, 1e4)
     assert math.isfinite(rho)

@@ -20,7 +20,6 @@ from dplib.groups import group_index
 from dplib.mean.pure_reference import (
     compare,
     comparison_cost,
-    exponential_mechanism_probabilities,
     global_grid,
     grid_scores,
     hash_group_labels,
@@ -28,7 +27,6 @@ from dplib.mean.pure_reference import (
     plan_fine_pure,
     pure_mean,
     pure_mean_charges,
-    sample_exponential_mechanism,
     score,
 )
 from dplib.mechanisms import SeededNoise
@@ -272,34 +270,6 @@ def test_gaussian_data_good_point_scores_order_n_alpha_over_rho():
     assert n * a_s / (16 * plan.rho) <= good <= n * a_s / plan.rho
     far = score(Y, [0.0, 1.1 * alpha], a_s, plan.rho, plan.K, None, plan.box_radius)
     assert far == 0
-
-
-# ----- exponential mechanism -------------------------------------------------------------------
-def test_exponential_mechanism_probabilities_match_formula_and_do_not_overflow():
-    scores = np.array([0, 3, 7, 7, 2])
-    eps = 0.8
-    w = [math.exp(eps * s / 2) for s in scores]
-    assert np.allclose(exponential_mechanism_probabilities(scores, eps), np.array(w) / sum(w), rtol=1e-13)
-    w2 = [math.exp(eps * s / 4) for s in scores]
-    assert np.allclose(exponential_mechanism_probabilities(scores, eps, 2.0), np.array(w2) / sum(w2), rtol=1e-13)
-    big = exponential_mechanism_probabilities([1e6, 1e6 - 1, 0], 1.0)
-    assert np.all(np.isfinite(big)) and abs(big[1] / big[0] - math.exp(-0.5)) < 1e-12 and big[2] == 0.0
-
-
-def test_sampler_refuses_unknown_noise_sources_and_bad_shapes():
-    class Plain:
-        secure = False
-
-    with pytest.raises(InvalidParameterError, match="noise"):
-        sample_exponential_mechanism([1, 2], 1.0, Plain())
-    for bad in ([], [[1, 2]]):  # the candidate set's shape is public: refused
-        with pytest.raises(InvalidParameterError, match="scores"):
-            sample_exponential_mechanism(bad, 1.0, SeededNoise(0))
-    # score values are data: never refused, clamped (inf to the bound, NaN to minus the bound)
-    assert sample_exponential_mechanism([1.0, np.inf], 1.0, SeededNoise(0)) == 1
-    assert exponential_mechanism_probabilities([np.nan, 0.0], 1.0).tolist() == [0.0, 1.0]
-    with pytest.raises(InvalidParameterError, match="epsilon"):
-        exponential_mechanism_probabilities([1, 2], 0.0)
 
 
 # ----- Algorithm 8: privacy plan ----------------------------------------------------------------
