@@ -29,7 +29,7 @@ Conventions shared by both backends (they are part of the contract):
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -75,116 +75,6 @@ def check_sub_edges(sub_edges) -> tuple[float, ...]:
     if any(not (1.0 < x < 2.0) for x in edges) or any(b <= a for a, b in zip(edges, edges[1:])):
         raise InvalidParameterError(f"sub_edges must be strictly increasing values in (1, 2), got {edges!r}")
     return edges
-
-
-class Aggregates(Protocol):
-    """Exact aggregates over person summaries, restricted to a group of persons."""
-
-    def count(self, columns: Sequence[str], group: GroupRange) -> int:
-        """Number of persons in ``group`` with a value for every one of ``columns``."""
-        ...
-
-    def histogram(
-        self,
-        column: str,
-        bin_width: float,
-        offset: float,
-        group: GroupRange,
-        clamp: tuple[float, float] | None = None,
-    ) -> dict[int, int]:
-        """Non-empty bins ``{bin: count}`` of the persons' values of ``column`` in ``group``."""
-        ...
-
-    def log_histogram(
-        self, column: str, center: float, group: GroupRange, sub_edges: tuple[float, ...] = ()
-    ) -> dict[int, int]:
-        """Signed log-magnitude histogram of ``x = Y_i - center`` over persons in ``group``.
-
-        A person falls in bin ``log_bin_key(e, sub, len(sub_edges) + 1, sign(x))`` where
-        ``e = floor(log2 |x|)`` (computed exactly: corrected against ``2**e``) and ``sub`` is the
-        number of ``sub_edges`` at most ``|x| / 2**e``; ``|x| < 2**MIN_EXPONENT`` gives bin 0.
-        Values and the centre are clamped to ``+-VALUE_BOUND`` first. Returns non-empty bins.
-        """
-        ...
-
-    def histograms(
-        self,
-        columns: Sequence[str],
-        bin_widths: Sequence[float],
-        offsets: Sequence[float],
-        group: GroupRange,
-    ) -> list[dict[int, int]]:
-        """One histogram per column (as :meth:`histogram`, default clamp), in one pass.
-
-        Only persons with a value for *every* one of ``columns`` are counted (the persons of a
-        multivariate statistic). Returns the non-empty bins of each column, in column order.
-        """
-        ...
-
-    def log_histograms(
-        self,
-        columns: Sequence[str],
-        centers: Sequence[float],
-        group: GroupRange,
-        sub_edges: tuple[float, ...] = (),
-    ) -> list[dict[int, int]]:
-        """One log-magnitude histogram per column (as :meth:`log_histogram`), in one pass.
-
-        Only persons with a value for every one of ``columns`` are counted.
-        """
-        ...
-
-    def norm_log_histogram(
-        self,
-        columns: Sequence[str],
-        center: np.ndarray,
-        scales: np.ndarray | None,
-        group: GroupRange,
-        sub_edges: tuple[float, ...] = (),
-    ) -> dict[int, int]:
-        """Log-magnitude histogram (keys as :meth:`log_histogram`, all positive) of the l2 norm
-        ``||(Y_i - center) / scales||`` over persons in ``group`` with every one of ``columns``.
-
-        The deviations and the norm are computed exactly as in :meth:`clipped_sum`. One person
-        falls in one bin. Returns non-empty bins.
-        """
-        ...
-
-    def clipped_outer_sum(
-        self,
-        columns: Sequence[str],
-        center: np.ndarray,
-        radius: float,
-        group: GroupRange,
-        scales: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, int]:
-        """Exact ``(sum_i vech(u_i u_i^T), n)`` with ``u_i`` the clipped (scaled) deviation of
-        :meth:`clipped_sum` and ``vech`` the upper triangle row by row (``j <= k``, length
-        ``d(d+1)/2``), each entry in fixed point (:func:`quantize_products`). One person's
-        vector has l2 norm at most ``||u_i||^2 <= radius^2`` (plus rounding)."""
-        ...
-
-    def clipped_sum(
-        self,
-        columns: Sequence[str],
-        center: np.ndarray,
-        radius: float,
-        group: GroupRange,
-        scales: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, int]:
-        """``(sum_i (clip_{radius, center}(Y_i) - center), count)`` over persons in ``group``.
-
-        ``Y_i`` is the vector of the person's values of ``columns`` (shape ``(d,)``); persons
-        missing any of them are left out. Each deviation is rounded to fixed point (units of
-        ``radius / 2**QUANT_BITS``) and summed exactly as integers; the result is returned as a
-        ``(d,)`` float array in data units, with the number of persons. Its add/remove l2
-        sensitivity is :func:`clipped_sum_l2_sensitivity` (``radius`` for d = 1).
-
-        With ``scales`` (shape ``(d,)``, positive; a public diagonal preconditioner) the
-        deviations are taken in scaled units, ``x_j = (Y_ij - center_j) / scales_j``, clipped
-        to the l2 ball of ``radius`` in those units, and the sum is returned in scaled units.
-        """
-        ...
 
 
 def histogram_clamp(bin_width: float, offset: float, clamp: tuple[float, float] | None) -> tuple[float, float]:

@@ -13,12 +13,12 @@ from typing import Sequence
 
 import numpy as np
 
-from dplib.aggregates import Aggregates
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mechanisms import NoiseSource
 from dplib.mechanisms.basic import clamp_exact, inflate, laplace_mechanism
+from dplib.seam import Aggregates
 
 ALGORITHM = "laplace-person-count"
 ALGORITHM_VERSION = "1"

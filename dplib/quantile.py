@@ -40,13 +40,14 @@ from typing import Sequence
 
 import numpy as np
 
-from dplib.aggregates import MIN_EXPONENT, Aggregates, log_bin_key
+from dplib.aggregates import MIN_EXPONENT, log_bin_key
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mechanisms import NoiseSource
 from dplib.mechanisms.basic import clamp_exact, inflate, laplace_mechanism
 from dplib.mechanisms.exponential import ExponentialMechanism
+from dplib.seam import Aggregates
 
 ALGORITHM = "log-bin-exponential-quantile"
 ALGORITHM_VERSION = "1"

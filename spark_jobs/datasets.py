@@ -13,6 +13,9 @@ import importlib.util
 import logging
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 log = logging.getLogger("person_dp.datasets")
 
 NUMERIC = ["year", "month", "day", "dep_time", "sched_dep_time", "dep_delay", "arr_time",
@@ -36,9 +39,6 @@ def load_flights(sample_aircraft: int | None = None, seed: int = 0):
 
     ``sample_aircraft``: keep all flights of that many aircraft drawn at random (tests).
     """
-    import numpy as np
-    import pandas as pd
-
     df = pd.read_csv(
         flights_csv_path(),
         dtype={"tailnum": str, "carrier": str, "origin": str, "dest": str, "time_hour": str},

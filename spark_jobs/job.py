@@ -236,11 +236,11 @@ def run_job(
     (``JobPlan.render``).
     """
     # lazy: keeps pyspark out of the Spark-free imports (plan_job, the CLI's dry run, Airflow parsing)
-    from spark_jobs.spark import io as sio
-    from spark_jobs.spark.aggregates import SparkAggregates
-    from spark_jobs.spark.releases import write_releases
-    from spark_jobs.spark.session import build_session
-    from spark_jobs.spark.summarize import summarize
+    from spark_jobs.spark import io as sio  # lazy: Spark
+    from spark_jobs.spark.aggregates import SparkAggregates  # lazy: Spark
+    from spark_jobs.spark.releases import write_releases  # lazy: Spark
+    from spark_jobs.spark.session import build_session  # lazy: Spark
+    from spark_jobs.spark.summarize import summarize  # lazy: Spark
 
     point = checkpoint or (lambda name: None)
     t0 = time.monotonic()

@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass
 
 import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from dplib.budget import REL_TOL, Budget
 from dplib.errors import BudgetExceededError, ConfigError, DPError
@@ -153,9 +155,6 @@ class Ledger:
 
     # ----- reading ------------------------------------------------------------------------
     def _table(self):
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
         try:
             return DeltaTable(self.path)
         except TableNotFoundError:
@@ -216,9 +215,6 @@ class Ledger:
     def _commit(self, build) -> tuple[object, int]:
         """Run ``build(table) -> source rows or None`` and MERGE them, retrying on conflicts.
         Returns (build's result, number of conflicts)."""
-        from deltalake import write_deltalake
-        from deltalake.exceptions import CommitFailedError
-
         conflicts = 0
         for _ in range(MAX_RETRIES):
             table = self._table()

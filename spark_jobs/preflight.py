@@ -16,9 +16,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
+
 from dplib.budget import REL_TOL, Budget
 from dplib.errors import BudgetExceededError, InputDataError
 from spark_jobs.config import JobConfig
+from spark_jobs.job import plan_job, stored_release
+from spark_jobs.ledger import Ledger
+from spark_jobs.paths import absolute
+from spark_jobs.spark import io as sio  # its pyspark imports are lazy: no JVM, no pyspark here
 
 
 def _local(path: str) -> bool:
@@ -37,19 +46,11 @@ def check_input_schema(cfg: JobConfig) -> str:
         Missing path, unreadable input, missing column or unusable type (naming the column), or
         an input without a single row.
     """
-    from spark_jobs.spark import io as sio
-
-    path, fmt = sio.absolute(cfg.input.path), cfg.input.format
+    path, fmt = absolute(cfg.input.path), cfg.input.format
     if not _local(path):
         return f"input.path {cfg.input.path!r} is remote: its schema is checked by the job, before any budget is spent"
-    import pyarrow as pa
-    import pyarrow.dataset as ds
-    from pyspark.sql.pandas.types import from_arrow_schema  # pure Python: no JVM
-
     try:
         if fmt == "delta":
-            from deltalake import DeltaTable
-
             table = DeltaTable(path)
             schema = table.schema().to_arrow()
             schema = pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
@@ -58,8 +59,6 @@ def check_input_schema(cfg: JobConfig) -> str:
             dataset = ds.dataset(path, format="parquet")
             schema = dataset.schema
         else:  # csv: every column is read as a string, as the job does
-            import pyarrow.csv as pcsv
-
             opts = {"header": "true", **cfg.input.csv_options}
             header = str(opts["header"]).lower() == "true"
             fmt_csv = ds.CsvFileFormat(
@@ -69,7 +68,7 @@ def check_input_schema(cfg: JobConfig) -> str:
             dataset = ds.dataset(path, format=fmt_csv)
             names = dataset.schema.names if header else [f"_c{i}" for i in range(len(dataset.schema.names))]
             schema = pa.schema([(n, pa.string()) for n in names])
-        spark_schema = from_arrow_schema(schema)
+        spark_schema = sio.spark_schema_from_arrow(schema)
     except InputDataError:
         raise
     except Exception as err:  # missing path, not a Delta table, unreadable file: name the field
@@ -104,8 +103,6 @@ class RoomCheck:
 
 def run_cost(cfg: JobConfig) -> Budget:
     """What a run of ``cfg`` reserves in the ledger (as :func:`spark_jobs.job.run_job` does)."""
-    from spark_jobs.job import plan_job
-
     cost = plan_job(cfg).cost
     return Budget(*cost) if cost[0] > 0 else Budget(cfg.budget.epsilon, cfg.budget.delta)
 
@@ -124,10 +121,6 @@ def ledger_room(cfg: JobConfig, run_key: str | None = None) -> RoomCheck:
     ConfigError
         If the config or its privacy plan is invalid.
     """
-    from spark_jobs.spark.io import absolute
-    from spark_jobs.job import stored_release
-    from spark_jobs.ledger import Ledger
-
     request = run_cost(cfg)
     run_id = cfg.run_id_for(run_key)
     if not cfg.ledger.enabled:

@@ -10,9 +10,12 @@ import html
 import io
 import json
 import math
+import shutil
+import textwrap
 from pathlib import Path
 
 from spark_jobs.delta import read_delta  # noqa: F401  (re-exported: the public reader)
+from spark_jobs.ledger import Ledger
 
 RELEASE_COLUMNS = ["run_id", "created_at", "job_name", "statistic", "status", "flagged", "estimate",
                    "error_bar", "error_level", "epsilon", "delta", "algorithm"]
@@ -63,8 +66,6 @@ def _show_cell(v) -> str:
 def render_records(rows: list[dict], columns: list[str], width: int | None = None) -> str:
     """Rows as blocks of ``name: value`` lines wrapped to ``width`` (the terminal's, else 100):
     one block per row, ``parameters`` (JSON) one key per line. Nothing is cut."""
-    import shutil
-    import textwrap
 
     width = width or shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
     width = max(width, 40)
@@ -112,8 +113,6 @@ def render(rows: list[dict], columns: list[str], fmt: str) -> str:
 
 def budget_rows(ledger_path: str) -> tuple[list[dict], list[dict]]:
     """(population rows with remaining budget, entry rows) of a ledger."""
-    from spark_jobs.ledger import Ledger
-
     rows = Ledger(ledger_path).rows()
     pops = []
     for r in rows:
@@ -244,10 +243,10 @@ def write_report(table: str, out_dir: str, run_id: str | None = None) -> Path:
     of a multivariate mean, each in its column's units; one for a distribution's shares; a heat map
     for a matrix), why nothing was released when the status is not OK, a flag warning, the privacy
     metadata, and the statistic's earlier runs. Returns the HTML path."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is the report extra, needed by this command only
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after the non-interactive backend is chosen
 
     everything = read_releases(table)
     if run_id:

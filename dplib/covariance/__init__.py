@@ -13,7 +13,7 @@ Paper: Brown, Hopkins, Smith, *Fast, Sample-Efficient, Affine-Invariant Private 
 Estimation for Subgaussian Distributions* (COLT 2023). Privacy notes: ``docs/privacy/stable_covariance.md``.
 """
 
-from dplib.covariance.backend import CovarianceBackend, NumpyCovarianceBackend
+from dplib.covariance.backend import NumpyCovarianceBackend
 from dplib.covariance.params import (
     GaussianPlan,
     PrivateCovariancePlan,
@@ -32,6 +32,7 @@ from dplib.covariance.private import (
     private_gaussian,
     private_mean,
 )
+from dplib.seam import CovarianceBackend
 
 __all__ = [
     "CovarianceBackend", "NumpyCovarianceBackend", "GaussianPlan", "PrivateCovariancePlan",

@@ -35,7 +35,7 @@ backend. Nothing a backend returns is released: it stays inside the estimator.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -202,28 +202,6 @@ def finish_core(p: CorePartial, k: int, d: int) -> CoreScan:
     for level, acc in p.sums.items():
         sums[level] = acc.value()
     return CoreScan(p.counts, sums)
-
-
-class CovarianceBackend(Protocol):
-    """Exact aggregates for BHS23 (see the module docstring). Attributes ``n``, ``m``, ``d``."""
-
-    n: int
-    m: int
-    d: int
-
-    def gram(self, exclude: np.ndarray) -> np.ndarray: ...
-
-    def mahalanobis_scan(
-        self, factor: np.ndarray, exclude: np.ndarray, thresholds: Sequence[float], top_t: int
-    ) -> ScanResult: ...
-
-    def fetch_rows(self, positions: np.ndarray) -> np.ndarray: ...
-
-    def core_scan(
-        self, factor: np.ndarray, shift: np.ndarray, ref_rows: np.ndarray, Lambda: Sequence[float], k: int
-    ) -> CoreScan: ...
-
-    def reference_positions(self, M: int) -> np.ndarray: ...
 
 
 def check_rows(x: object, name: str = "x") -> np.ndarray:

@@ -36,13 +36,14 @@ from typing import Sequence
 
 import numpy as np
 
-from dplib.aggregates import MIN_OUTER_RADIUS, Aggregates, outer_sum_l2_sensitivity, upper_pairs
+from dplib.aggregates import MIN_OUTER_RADIUS, outer_sum_l2_sensitivity, upper_pairs
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.scale_free_multivariate import ScaleFreeMultivariatePlan, scale_free_multivariate_mean
 from dplib.mechanisms import NoiseSource, gaussian_sigma
 from dplib.mechanisms.basic import clamp_exact
+from dplib.seam import Aggregates
 
 ALGORITHM = "clipped-covariance/scale-free (CoinPress-style)"
 ALGORITHM_VERSION = "1"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dplib.budget import Accountant
-from dplib.covariance.backend import CovarianceBackend, NumpyCovarianceBackend
+from dplib.covariance.backend import NumpyCovarianceBackend
 from dplib.covariance.params import (
     ALGORITHM_COV,
     ALGORITHM_GAUSSIAN,
@@ -35,6 +35,7 @@ from dplib.covariance.stable import stable_covariance, stable_mean
 from dplib.errors import ConfigError, InputDataError
 from dplib.groups import new_salt
 from dplib.mechanisms.noise import NoiseSource
+from dplib.seam import CovarianceBackend
 
 STATUS_OK = "OK"
 STATUS_FAIL = "FAIL"

@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from dplib.seam import CovarianceBackend
 
-from dplib.covariance.backend import CovarianceBackend
 
 #: Reciprocal condition number (of the correlation-scaled Gram) at or below which a Gram matrix
 #: is treated as singular. Float64 Gram-based scores are reliable up to condition ~1e10.

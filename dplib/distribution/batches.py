@@ -53,7 +53,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -168,39 +168,6 @@ class BatchMoments:
     n: int
     sum_counts: tuple[int, ...]
     sum_outer: tuple[tuple[int, ...], ...]
-
-
-class BatchAggregates(Protocol):
-    """Exact aggregates over per-person count vectors (one seam, two backends).
-
-    ``k`` and ``m`` are public. Every call is restricted to the persons of one fixed hash range.
-    Exact answers never leave an estimator except through a mechanism.
-    """
-
-    k: int
-    m: int
-
-    def sums(self, group: GroupRange) -> tuple[int, tuple[int, ...]]:
-        """``(n, sum_i c_i)`` over the group (k + 1 numbers; all P0 needs)."""
-        ...
-
-    def moments(self, group: GroupRange) -> BatchMoments:
-        """n, sum of c_i and sum of c_i c_i^T over the group (O(k^2) numbers)."""
-        ...
-
-    def histogram(self, group: GroupRange) -> dict[tuple[int, ...], int]:
-        """Persons per distinct count vector (O(D) numbers; for non-private library use)."""
-        ...
-
-    def clipped_sum(self, center: np.ndarray, radius: float, norm: str, group: GroupRange) -> tuple[np.ndarray, int]:
-        """``(sum_i q_i * radius / 2**30, n)``: see :func:`clipped_units`."""
-        ...
-
-    def ranked_histogram(self, group: GroupRange, n0: int) -> dict[tuple[int, ...], int]:
-        """Histogram of the count vectors of the ``n0`` persons of the group with the smallest
-        ``(group index, count vector)`` (all of them when fewer exist): the selection of
-        :mod:`dplib.fixed_n` (O(D) numbers; only inside P3's mechanism)."""
-        ...
 
 
 def check_clip(center: np.ndarray, radius: float, norm: str, k: int) -> np.ndarray:

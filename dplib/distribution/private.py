@@ -61,7 +61,6 @@ from scipy.stats import gamma
 
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.distribution.batches import (
-    BatchAggregates,
     category_names,
     check_batch_size,
     check_categories,
@@ -82,6 +81,7 @@ from dplib.errors import InvalidParameterError
 from dplib.fixed_n import check_beta
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mechanisms import NoiseSource, clamp_exact, gaussian_sigma, inflate, laplace_mechanism
+from dplib.seam import BatchAggregates
 
 #: The analytic-Gaussian calibration (dp_accounting, ~0.1 s) is a pure function of public
 #: values: cache it.

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 from scipy.stats import norm as normal_dist
@@ -36,6 +36,7 @@ from dplib.distribution.simplex import bounded, project_to_simplex
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange, group_index, in_range
 from dplib.mechanisms import NoiseSource, clamp_exact, inflate, laplace_mechanism
+from dplib.seam import ShareAggregates
 
 ALGORITHM = "person-share-distribution"
 ALGORITHM_VERSION = "1"
@@ -59,16 +60,6 @@ def share_units(counts: np.ndarray) -> np.ndarray:
 def share_sum_sensitivity(k: int) -> float:
     """l1 sensitivity of ``sum_i q(y_i)`` (persons units) under add/remove: ``1 + k 2^-31``."""
     return 1.0 + k / (2.0 * SHARE_SCALE)
-
-
-class ShareAggregates(Protocol):
-    """Exact sums of per-person fixed-point shares (numpy twin or Spark)."""
-
-    k: int
-
-    def share_sums(self, group: GroupRange) -> tuple[int, tuple[int, ...]]:
-        """``(n, (sum_i q(y_i)_j for j < k))`` over persons in ``group``, exact integers (units)."""
-        ...
 
 
 class NumpyShares:

@@ -56,7 +56,7 @@ from typing import Literal, Sequence
 import numpy as np
 from scipy.stats import chi2
 
-from dplib.aggregates import MIN_EXPONENT, Aggregates, check_scales, clipped_sum_l2_sensitivity
+from dplib.aggregates import MIN_EXPONENT, check_scales, clipped_sum_l2_sensitivity
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
@@ -64,6 +64,7 @@ from dplib.mean.params import bin_width_constant, check_moment_order, check_reco
 from dplib.mean.ranges import FLOOR_BETA, magnitude_range_from_counts
 from dplib.mechanisms import NoiseSource, clamp_exact, gaussian_mechanism, gaussian_sigma, inflate, laplace_mechanism
 from dplib.mechanisms.histograms import pure_dp_histogram, thresholded_histogram
+from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-multivariate-person-mean"
 ALGORITHM_VERSION = "1"

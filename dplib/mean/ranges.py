@@ -29,10 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dplib.aggregates import MIN_EXPONENT, Aggregates, log_bin_bounds
+from dplib.aggregates import MIN_EXPONENT, log_bin_bounds
 from dplib.errors import InvalidParameterError
 from dplib.groups import GroupRange
 from dplib.mechanisms import NoiseSource, pure_dp_histogram, thresholded_histogram
+from dplib.seam import Aggregates
 
 #: Probability that some empty bin of the deviation profile is read as non-empty.
 FLOOR_BETA = 0.1

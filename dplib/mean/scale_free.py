@@ -54,7 +54,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dplib.aggregates import Aggregates
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
@@ -84,6 +83,7 @@ from dplib.mean.univariate import (
     count_weight,
 )
 from dplib.mechanisms import NoiseSource
+from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
 ALGORITHM_VERSION = "4"

@@ -41,7 +41,6 @@ from typing import Sequence
 import numpy as np
 from scipy.stats import norm as normal
 
-from dplib.aggregates import Aggregates
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
@@ -75,6 +74,7 @@ from dplib.mean.scale_free import (
 )
 from dplib.mean.scale_free import PROFILE_SUB_EDGES as HALF_OCTAVE
 from dplib.mechanisms import NoiseSource, gaussian_sigma
+from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-multivariate-person-mean/scale-free"
 ALGORITHM_VERSION = "2"

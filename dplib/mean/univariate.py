@@ -29,7 +29,6 @@ from typing import Literal
 
 import numpy as np
 
-from dplib.aggregates import Aggregates
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
@@ -42,6 +41,7 @@ from dplib.mean.params import (
     fine_radius,
 )
 from dplib.mechanisms import NoiseSource, clamp_exact, inflate, laplace_mechanism, pure_dp_histogram, thresholded_histogram
+from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-univariate-person-mean"
 ALGORITHM_VERSION = "1"

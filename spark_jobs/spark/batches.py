@@ -235,7 +235,7 @@ def _category_counts(df, unit_column, category_column, categories, salt_hex, nul
 
 
 class SparkBatchAggregates:
-    """The Spark backend of :class:`dplib.distribution.batches.BatchAggregates`.
+    """The Spark backend of :class:`dplib.seam.BatchAggregates`.
 
     Each call is one aggregation over the (cached) batches DataFrame and brings back O(k^2)
     numbers (``histogram``: O(D), D = distinct count vectors). Arithmetic mirrors
@@ -331,7 +331,7 @@ def person_shares(
 
 
 class SparkShareSums:
-    """The Spark backend of :class:`dplib.distribution.shares.ShareAggregates` over
+    """The Spark backend of :class:`dplib.seam.ShareAggregates` over
     :func:`person_shares`: one aggregation per call, k + 1 numbers back, exact (decimal) sums."""
 
     def __init__(self, shares, k: int) -> None:

@@ -256,3 +256,10 @@ def normalize_ids(records, unit_column: str, null_values=()):
     _norm = F.udf(_one, "string", useArrow=True)
 
     return records.withColumn(unit_column, _norm(qcol(unit_column).cast("string")))
+
+
+def spark_schema_from_arrow(schema):
+    """The Spark schema of an Arrow schema (pure Python: no JVM), for the Spark-free preflight."""
+    from pyspark.sql.pandas.types import from_arrow_schema  # lazy: io is imported by Spark-free modules
+
+    return from_arrow_schema(schema)
