@@ -2,7 +2,8 @@
 # Both create/reuse the virtual environment .venv, install the package, fetch the Delta Lake
 # jars through Maven into the local Maven repository (cached), then do their job.
 #
-# Also: `make constraints` (re-pin conf/constraints-airflow.txt from the working venv).
+# Also: `make lint` (ruff + mypy), `make constraints` (re-pin conf/constraints-airflow.txt from
+# the working venv).
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -23,7 +24,7 @@ export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 export PERSON_DP_DELTA_CLASSPATH := $(abspath $(CLASSPATH_FILE))
 
-.PHONY: demo test venv constraints jars data clean dry-run dist spark-submit-demo bench-scale
+.PHONY: demo test lint venv constraints jars data clean dry-run dist spark-submit-demo bench-scale
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml $(CONSTRAINTS)
@@ -80,6 +81,11 @@ dry-run: $(STAMP)
 test: $(STAMP) $(CLASSPATH_FILE)
 	$(BIN)/python -m pytest --durations=30 $(PYTEST_ARGS)
 
+# ruff (rules: pyproject.toml [tool.ruff]) and mypy (files and leniency: [tool.mypy]).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
 # The scale benchmark of benchmarks/README.md ("Scale"), all of it: passes and whole job at 1e6
 # and 1e7 records (uniform and Zipf) with DuckDB, the driver-memory probe, then 1e8 records end to
 # end (uniform and Zipf), and 10^7 persons of one record each. Not part of `make test`. Writes
@@ -98,4 +104,4 @@ bench-scale: $(STAMP) $(CLASSPATH_FILE)
 	$(BIN)/python -m benchmarks.scale.run --sizes 1e8 --skews zipf --passes "" --job --repeats 1 --no-duckdb | tee -a $(SCALE_REPORT)
 
 clean:
-	rm -rf build .pytest_cache
+	rm -rf build .pytest_cache .ruff_cache .mypy_cache
