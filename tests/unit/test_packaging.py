@@ -129,3 +129,22 @@ def test_makefile_installs_what_the_readme_commands_need():
         name = _requirement_name(req)
         if name != "person-dp":
             assert name in pins, f"{constraints} does not pin {name}"
+
+
+def test_cli_names_the_extra_a_command_needs(monkeypatch, capsys):
+    """In the core install the `person-dp` command exists; a command that needs an extra says
+    which one instead of a traceback."""
+    from spark_jobs import cli
+
+    def needs_pyarrow(args):
+        raise ModuleNotFoundError("No module named 'pyarrow'", name="pyarrow")
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    args = parser.parse_args(["budget", "show"])
+    monkeypatch.setattr(parser, "parse_args", lambda argv=None: args)
+    monkeypatch.setattr(args, "func", needs_pyarrow)
+    assert cli.main([]) == 2
+    assert "pip install 'person-dp[app]'" in capsys.readouterr().err
+    # every extra it names exists
+    assert set(cli.EXTRA_OF_MODULE.values()) <= set(_project()["optional-dependencies"])
