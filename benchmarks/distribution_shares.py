@@ -16,18 +16,22 @@ from dplib.distribution.private import DistributionPlan, private_distribution
 from dplib.budget import Budget
 from dplib.mechanisms import SeededNoise
 CATS=("ATL","ORD","LAX","BOS","MCO","CLT","SFO","FLL","MIA","DCA")
-df=load_flights(); df=df[~df.tailnum.isin(["NA",""]) & df.tailnum.notna()]
-ids=df.tailnum.tolist(); vals=df.dest.tolist()
+df=load_flights()
+df=df[~df.tailnum.isin(["NA",""]) & df.tailnum.notna()]
+ids=df.tailnum.tolist()
+vals=df.dest.tolist()
 salt="ab"*32
 sh=NumpyShares(ids, vals, CATS, salt)
 truth=(sh.counts/sh.counts.sum(1,keepdims=True)).mean(0)
 print("persons", sh.counts.shape[0])
 labels=[json.dumps({"dest":v},separators=(",",":")) for v in vals]
 for eps in (1.0, 0.5):
-    tv_s=[]; cov=[]
+    tv_s=[]
+    cov=[]
     for s in range(30):
         r=share_distribution(sh, SharePlan(Budget(eps),CATS), SeededNoise(s))
-        tv_s.append(0.5*np.abs(r.estimate-truth).sum()); cov.append(np.mean(np.abs(r.estimate-truth)<=r.error_bar))
+        tv_s.append(0.5*np.abs(r.estimate-truth).sum())
+        cov.append(np.mean(np.abs(r.estimate-truth)<=r.error_bar))
     out=[f"eps={eps} shares TV median {np.median(tv_s):.4g} p90 {np.quantile(tv_s,.9):.4g} bar coverage {np.mean(cov):.2f}"]
     for m in (1,5,10):
         nb=NumpyBatches(ids, vals, labels, CATS, m, "%02x"%m*32)

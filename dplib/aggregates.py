@@ -158,7 +158,7 @@ def exact_unit_sums(units: np.ndarray) -> list[int]:
     total = [0] * units.shape[1]
     for start in range(0, units.shape[0], chunk):
         part = np.sum(units[start : start + chunk], axis=0, dtype=np.int64)
-        total = [t + int(p) for t, p in zip(total, part.tolist())]
+        total = [t + int(p) for t, p in zip(total, part.tolist())]  # type: ignore[arg-type]  # a 2-D sum is a 1-D array: tolist() is a list
     return total
 
 

@@ -305,6 +305,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: The extra (pyproject.toml) that installs each optional top-level module a command may need:
+#: `pip install person-dp` is the library alone.
+EXTRA_OF_MODULE = {
+    "pandas": "app", "pyarrow": "app", "pydantic": "app", "yaml": "app", "deltalake": "app",
+    "pyspark": "spark", "py4j": "spark", "delta": "spark", "matplotlib": "report",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``person-dp`` console script (and of spark-submit runs)."""
     args = build_parser().parse_args(argv)
@@ -314,6 +322,13 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (DPError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:
+        extra = EXTRA_OF_MODULE.get((err.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"error: this command needs {err.name}, an optional dependency: pip install 'person-dp[{extra}]'",
+              file=sys.stderr)
         return 2
     except BrokenPipeError:
         # the reader went away (`person-dp budget show | head`): stop quietly, as Unix tools do

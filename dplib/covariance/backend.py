@@ -306,4 +306,4 @@ class NumpyCovarianceBackend:
         return finish_core(part, k, self.d)
 
     def reference_positions(self, M: int) -> np.ndarray:
-        return reference_positions(self.n, M, self._salt)
+        return reference_positions(self.n, M, self._salt)  # type: ignore[arg-type]  # a None salt is refused there

@@ -160,7 +160,7 @@ class PrivateMeanPlan:
         if lam is None:
             lam = default_lambda0(self.d, self.n, self.n * reference_size(self.k, self.n, b.delta), 10.0)
         object.__setattr__(self, "lambda0", _check_lambda0(lam, 10.0))
-        gate = 20 * self.k * Fraction(self.lambda0)
+        gate = 20 * self.k * Fraction(self.lambda0)  # type: ignore[arg-type]  # lambda0 set in __post_init__
         if self.n < gate or self.m < gate / 2:
             raise ConfigError(
                 f"BHS23 Algorithm 1 needs n >= 20 k lambda0 and floor(n/2) >= 10 k lambda0 "
@@ -197,22 +197,22 @@ class PrivateMeanPlan:
     @property
     def gamma(self) -> float:
         """Covariance closeness (20/7) lambda0 / floor(n/2), rounded up."""
-        return _up(20.0 * self.lambda0 / (7.0 * self.m))
+        return _up(20.0 * self.lambda0 / (7.0 * self.m))  # type: ignore[operator]  # lambda0 set in __post_init__
 
     @property
     def thresholds(self) -> tuple[float, ...]:
-        return thresholds(self.lambda0, self.k)
+        return thresholds(self.lambda0, self.k)  # type: ignore[arg-type]  # lambda0 set in __post_init__
 
     @property
     def core_thresholds(self) -> tuple[float, ...]:
-        return core_thresholds(self.lambda0, self.gamma, self.k)
+        return core_thresholds(self.lambda0, self.gamma, self.k)  # type: ignore[arg-type]  # lambda0 set in __post_init__
 
     @property
     def c2(self) -> float:
         """Noise multiplier c^2 (corrected constant 50), rounded up."""
         k, n, g = self.k, self.n, self.gamma
         bracket = C2_CONSTANT / ((1.0 - g) ** (2 * k + 1) * (1.0 - k / n) ** 4)
-        return _up(_up(bracket * self.lambda0 / n**2) * 2.0 * math.log(2.0 / self.delta_part) / self.epsilon_part**2)
+        return _up(_up(bracket * self.lambda0 / n**2) * 2.0 * math.log(2.0 / self.delta_part) / self.epsilon_part**2)  # type: ignore[operator]  # lambda0 set in __post_init__
 
     @property
     def ptr_budget(self) -> tuple[float, float]:
@@ -280,7 +280,7 @@ class PrivateCovariancePlan:
         if lam is None:
             lam = default_lambda0(self.d, self.n, self.n, 1.0)
         object.__setattr__(self, "lambda0", _check_lambda0(lam, 1.0))
-        gate = 10 * self.k * Fraction(self.lambda0)
+        gate = 10 * self.k * Fraction(self.lambda0)  # type: ignore[arg-type]  # lambda0 set in __post_init__
         if self.n < gate:
             raise ConfigError(
                 f"BHS23 Algorithm 5.1 needs n >= 10 k lambda0 (= {float(gate):.0f} rows with k={self.k}, "
@@ -299,13 +299,13 @@ class PrivateCovariancePlan:
 
     @property
     def thresholds(self) -> tuple[float, ...]:
-        return thresholds(self.lambda0, self.k)
+        return thresholds(self.lambda0, self.k)  # type: ignore[arg-type]  # lambda0 set in __post_init__
 
     @property
     def N(self) -> int:
         """Synthetic samples ``floor(n^2 eps^2 / (48 lambda0^2 ln(2/delta)))`` (corrected), rounded down."""
         e, dl = self.budget.epsilon, self.budget.delta
-        raw = self.n**2 * e**2 / (N_CONSTANT * self.lambda0**2 * math.log(2.0 / dl))
+        raw = self.n**2 * e**2 / (N_CONSTANT * self.lambda0**2 * math.log(2.0 / dl))  # type: ignore[operator]  # lambda0 set in __post_init__
         return int(math.floor(math.nextafter(raw, 0.0)))
 
     @property
@@ -357,14 +357,14 @@ class GaussianPlan:
         )
 
     def charges(self, prefix: str = "") -> list[Charge]:
-        return self.mean_plan.charges(prefix) + self.cov_plan.charges(prefix)
+        return self.mean_plan.charges(prefix) + self.cov_plan.charges(prefix)  # type: ignore[attr-defined]  # set in __post_init__
 
     def cost(self) -> Budget:
         return self.budget
 
     def describe(self) -> dict:
         return {"algorithm": ALGORITHM_GAUSSIAN, "version": ALGORITHM_VERSION, "epsilon": self.budget.epsilon,
-                "delta": self.budget.delta, "mean": self.mean_plan.describe(), "covariance": self.cov_plan.describe()}
+                "delta": self.budget.delta, "mean": self.mean_plan.describe(), "covariance": self.cov_plan.describe()}  # type: ignore[attr-defined]  # set in __post_init__
 
 
 def minimum_rows_private_mean(epsilon: float, delta: float, d: int, lambda0: float | None = None) -> int:

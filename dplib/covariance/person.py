@@ -246,7 +246,7 @@ class PersonBHSPlan:
         return {
             "kind": self.kind, "algorithm": KINDS[self.kind], "epsilon": self.budget.epsilon, "delta": self.budget.delta,
             "count_epsilon": self.count_budget.epsilon, "beta": self.beta, "d": self.d,
-            "lambda0": self.lambda0, "lambda0_cov": self.lambda0_cov, "dummy": list(self.dummy),
+            "lambda0": self.lambda0, "lambda0_cov": self.lambda0_cov, "dummy": list(self.dummy),  # type: ignore[arg-type]  # dummy set in __post_init__
             "selection": "n0 persons of smallest keyed hash (fresh secret salt), padded with the public dummy",
         }
 
@@ -319,7 +319,7 @@ def private_person_statistic(
     del exact
     try:
         run = {"mean_affine": private_mean, "covariance": private_covariance, "gaussian": private_gaussian}[plan.kind]
-        out = run(backend, inner, noise, accountant, stage_prefix, keep_internals)
+        out = run(backend, inner, noise, accountant, stage_prefix, keep_internals)  # type: ignore[operator]  # three release functions of one call signature
     finally:
         if hasattr(backend, "close"):
             backend.close()

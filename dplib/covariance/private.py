@@ -119,14 +119,14 @@ def _mean_core(backend, plan: PrivateMeanPlan, noise: NoiseSource, internals: di
     sc = stable_covariance(backend, plan.thresholds, k)
     score2, mu_hat = k, None
     if sc.score < k:  # score1 = k makes the PTR fail with probability 1 (k >= tau)
-        sm = stable_mean(backend, sc.sigma_hat, plan.core_thresholds, k, plan.M)
+        sm = stable_mean(backend, sc.sigma_hat, plan.core_thresholds, k, plan.M)  # type: ignore[arg-type]  # not None when score < k
         score2, mu_hat = sm.score, sm.mu_hat
     score = max(sc.score, score2)
     if internals is not None:
         internals.update(score1=sc.score, score2=score2, sigma_hat=sc.sigma_hat, mu_hat=mu_hat, c2=plan.c2)
     if not ptr(score, *plan.ptr_budget, noise):
         return None
-    return gaussian_draw(mu_hat, sc.sigma_hat, math.sqrt(plan.c2), noise)
+    return gaussian_draw(mu_hat, sc.sigma_hat, math.sqrt(plan.c2), noise)  # type: ignore[arg-type]  # the PTR fails when score = k (both None)
 
 
 def _cov_core(backend, plan: PrivateCovariancePlan, noise: NoiseSource, internals: dict | None) -> np.ndarray | None:
@@ -136,7 +136,7 @@ def _cov_core(backend, plan: PrivateCovariancePlan, noise: NoiseSource, internal
         internals.update(score_cov=sc.score, sigma_hat_cov=sc.sigma_hat, N=plan.N)
     if not ptr(sc.score, *plan.ptr_budget, noise):
         return None
-    return wishart_release(sc.sigma_hat, plan.N, noise)
+    return wishart_release(sc.sigma_hat, plan.N, noise)  # type: ignore[arg-type]  # the PTR fails when score = k (None)
 
 
 def _passes(backend, before: int) -> int:
@@ -193,7 +193,7 @@ def private_mean(
     _check_backend(backend, plan.n, plan.m, plan.d, ALGORITHM_MEAN)
     before = getattr(backend, "passes", 0)
     _charge(plan, accountant, stage_prefix)
-    internals = {} if keep_internals else None
+    internals: dict | None = {} if keep_internals else None
     mu = _mean_core(backend, plan, noise, internals)
     release = BHSRelease(
         ALGORITHM_MEAN, STATUS_OK if mu is not None else STATUS_FAIL, mu, None,
@@ -238,7 +238,7 @@ def private_covariance(
     _check_backend(backend, backend.n, plan.n, plan.d, ALGORITHM_COV)
     before = getattr(backend, "passes", 0)
     _charge(plan, accountant, stage_prefix)
-    internals = {} if keep_internals else None
+    internals: dict | None = {} if keep_internals else None
     cov = _cov_core(backend, plan, noise, internals)
     release = BHSRelease(
         ALGORITHM_COV, STATUS_OK if cov is not None else STATUS_FAIL, None, cov,
@@ -267,11 +267,11 @@ def private_gaussian(
     ----------
     BHS23 Algorithm 5.2, Corollary 45.
     """
-    mp, cp = plan.mean_plan, plan.cov_plan
+    mp, cp = plan.mean_plan, plan.cov_plan  # type: ignore[attr-defined]  # set in GaussianPlan.__post_init__
     _check_backend(backend, mp.n, mp.m, mp.d, ALGORITHM_GAUSSIAN)
     before = getattr(backend, "passes", 0)
     _charge(plan, accountant, stage_prefix)
-    internals = {} if keep_internals else None
+    internals: dict | None = {} if keep_internals else None
     mu = _mean_core(backend, mp, noise, internals)
     cov = _cov_core(backend, cp, noise, internals) if mu is not None else None
     ok = mu is not None and cov is not None

@@ -176,7 +176,7 @@ def stable_covariance(backend: CovarianceBackend, thresholds: tuple[float, ...],
     sigma_hat = None
     if score < k:
         # Sigma_hat = (1/m) [G(S_{k+1}) + sum over rows entering at k+2..2k of (c_i/k) y y^T]
-        acc = gram_k1.copy()
+        acc = gram_k1.copy()  # type: ignore[union-attr]  # set when score < k
         for pos, ell_r in removed.items():
             c = int(weight_count(ell_r + 1, k))
             if 0 < c < k:

@@ -310,10 +310,10 @@ def plan_threads(
         candidates.append((T, r))
         if best is None or r < best[1] * (1.0 - 1e-12):
             best = (T, r, tuple(radii), tuple(bounds))
-    T, r_T, radii, bounds = best
+    T, r_T, radii, bounds = best  # type: ignore[misc,assignment]  # the loop runs at least once
     final = ErrorModel(n_final, d, m, k, final_budget.epsilon, final_budget.delta, 1)
     rho_star = final.balanced_radius(r_T, floor)
-    return ThreadSchedule(T, radii, bounds, rho_star, final.bound(rho_star, r_T), tuple(candidates))
+    return ThreadSchedule(T, radii, bounds, rho_star, final.bound(rho_star, r_T), tuple(candidates))  # type: ignore[arg-type]  # tuples (line above)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,7 +438,7 @@ class MultivariateMeanPlan:
         names = self._stage_names()
         if self.budget_mode == "sequential":
             return {s: self.group for s in names}
-        parts = self.group.split([f for _, f in self.fractions])
+        parts = self.group.split([f for _, f in self.fractions])  # type: ignore[union-attr]  # fractions set in __post_init__
         return dict(zip(names, parts))
 
     @property
@@ -451,7 +451,7 @@ class MultivariateMeanPlan:
         # sequential (default): every stage reads all persons; epsilon and delta split by the
         # stage fractions (most to the final stage); the count needs no delta, the coarse
         # stage takes its delta share
-        fr = dict(self.fractions)
+        fr = dict(self.fractions)  # type: ignore[arg-type]  # fractions set in __post_init__
         out = {s: Budget(eps * fr[s], 0.0 if s == STAGE_COUNT else delta * fr[s]) for s in names}
         if STAGE_COUNT in fr:
             out[STAGE_COARSE] = Budget(out[STAGE_COARSE].epsilon, out[STAGE_COARSE].delta + delta * fr[STAGE_COUNT])
@@ -599,7 +599,7 @@ class SignedProfile:
         if total <= 0:
             return float(self.lower[0]), float(self.upper[-1])
         cdf = np.cumsum(self.weights) / total
-        i = int(min(np.searchsorted(cdf, q, side="left"), len(cdf) - 1))
+        i = int(min(np.searchsorted(cdf, q, side="left"), len(cdf) - 1))  # type: ignore[call-overload]  # min of two ints
         return float(self.lower[i]), float(self.upper[i])
 
 
@@ -789,7 +789,7 @@ def multivariate_person_mean(
         scales = np.array(plan.scales)
         widths = bin_width_constant(k) * scales / sqrt_m
         charge(STAGE_COARSE)
-        out = coarse_estimate(backend, columns, groups[STAGE_COARSE], budgets[STAGE_COARSE], noise, widths, [0.0] * d)
+        out = coarse_estimate(backend, columns, groups[STAGE_COARSE], budgets[STAGE_COARSE], noise, widths, [0.0] * d)  # type: ignore[arg-type]  # an array of floats
         if out is None:
             return insufficient(
                 "a coarse histogram released no bin (too few persons for this budget and d, or the "
@@ -811,18 +811,18 @@ def multivariate_person_mean(
                 "a coordinate's magnitude histogram released no bucket (too few persons for the "
                 "private scales at this budget and d; or declare options.scales)"
             )
-        lowers = np.array([r.lower for r in ranges])
-        widths = np.array([max(r.upper - r.lower, 0.0) for r in ranges]) / BINS_PER_RANGE
+        lowers = np.array([r.lower for r in ranges])  # type: ignore[union-attr]  # None ranges returned above
+        widths = np.array([max(r.upper - r.lower, 0.0) for r in ranges]) / BINS_PER_RANGE  # type: ignore[union-attr]  # None ranges returned above
         widths = np.where(widths > 0, widths, 1.0)  # a degenerate (zero-width) range: unit bins
-        params["coordinate_ranges"] = [[float(r.lower), float(r.upper)] for r in ranges]
+        params["coordinate_ranges"] = [[float(r.lower), float(r.upper)] for r in ranges]  # type: ignore[union-attr]  # None ranges returned above
         charge(STAGE_COARSE)
-        out = coarse_estimate(backend, columns, groups[STAGE_COARSE], budgets[STAGE_COARSE], noise, widths, lowers)
+        out = coarse_estimate(backend, columns, groups[STAGE_COARSE], budgets[STAGE_COARSE], noise, widths, lowers)  # type: ignore[arg-type]  # arrays of floats
         if out is None:
             return insufficient("a coarse histogram released no bin (too few persons for this budget and d)")
         u0 = out
         # rough scales for the TCN: the coarse bin widths (person-mean units; x sqrt(m) in iid mode)
         scales = widths * sqrt_m
-        r0 = coarse_error_bound(widths / scales)
+        r0 = coarse_error_bound(widths / scales)  # type: ignore[arg-type]  # an array of floats
     params["coarse_center"] = [float(x) for x in u0]
     params["coarse_error_bound"] = r0
 

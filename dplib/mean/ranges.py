@@ -490,7 +490,7 @@ def tail_model(
     noise sds (then every bin is summed, as without ``visible_top``).
     """
     fallback = float(k) if fallback is None else min(float(fallback), float(k))
-    if float(np.sum(profile.raw_weights)) <= 0:
+    if float(np.sum(profile.raw_weights)) <= 0:  # type: ignore[arg-type]  # raw_weights set by every released profile
         # no persons seen at all: no bound (the bias bound is infinite)
         return TailModel(np.array([0.0, float(profile.edges[1])]), np.array([1.0, 1.0]), 1.0)
     xs, ss, snr, limit = measured_survival(profile, epsilon, measured_sd, visible_top)
@@ -561,7 +561,7 @@ def hidden_mass(profile: "DeviationProfile", epsilon: float) -> tuple[float, flo
     ``visible_top``) and its noise standard deviation. Post-processing only."""
     visible = np.nonzero(profile.weights > 0)[0]
     top = int(visible[-1]) if visible.size else 0
-    above = profile.raw_weights[top + 1 :]
+    above = profile.raw_weights[top + 1 :]  # type: ignore[index]  # raw_weights set by every released profile
     return float(np.sum(above)), math.sqrt(2.0 * max(above.size, 1)) / epsilon
 
 
@@ -572,10 +572,10 @@ def profile_quantile(profile: "DeviationProfile", q: float) -> float:
     non-decreasing; post-processing only.
     """
     raw = profile.raw_weights
-    total = float(np.sum(raw))
+    total = float(np.sum(raw))  # type: ignore[arg-type]  # raw_weights set by every released profile
     if total <= 0:
         return float(profile.edges[-2])
-    cdf = np.maximum.accumulate(np.cumsum(raw) / total)
+    cdf = np.maximum.accumulate(np.cumsum(raw) / total)  # type: ignore[arg-type]  # raw_weights set by every released profile
     idx = int(np.searchsorted(cdf, q, side="left"))
     if idx + 1 >= len(profile.edges) - 1:  # the overflow bin: take twice its lower edge
         return 2.0 * float(profile.edges[-2])

@@ -192,8 +192,8 @@ def fit_student_tail_binned(edges: np.ndarray, raw: np.ndarray, epsilon: float, 
                                 options={"xatol": 1e-4, "fatol": 1e-6, "maxiter": 3000})
         if best is None or res.fun < best.fun:
             best = res
-    ls_hat, nu_hat = float(best.x[0]) + math.log(lo[0]), _nu(best.x[1])
-    ln_hat, f_best = float(best.x[2]), float(best.fun)
+    ls_hat, nu_hat = float(best.x[0]) + math.log(lo[0]), _nu(best.x[1])  # type: ignore[union-attr]  # set by the first of the three fits
+    ln_hat, f_best = float(best.x[2]), float(best.fun)  # type: ignore[union-attr]  # set by the first of the three fits
     nu_lower = nu_hat
     for nu in np.exp(np.linspace(math.log(nu_hat), math.log(NU_MIN), 30))[1:]:
         r2 = optimize.minimize(lambda th: _binned_objective(th, lo, hi, r, var_floor, float(nu)),

@@ -162,7 +162,7 @@ class UnivariateMeanPlan:
     @property
     def n_pure_bins(self) -> int:
         r = coarse_bin_width(self.scale, self.k, self.m)
-        return int(math.ceil((2.0 * float(self.range_bound) + 4.0 * r) / r))
+        return int(math.ceil((2.0 * float(self.range_bound) + 4.0 * r) / r))  # type: ignore[arg-type]  # set for the pure plan (checked in __post_init__)
 
     @property
     def coarse_budget(self) -> Budget:
@@ -326,7 +326,7 @@ def range_estimator(
         j_star = min(released, key=lambda j: (-released[j], j))
         n_hat = float(sum(max(v, 0.0) for v in released.values()))
         return (j_star + 0.5) * r, n_hat
-    R = float(plan.range_bound)
+    R = float(plan.range_bound)  # type: ignore[arg-type]  # set for the pure plan (checked in __post_init__)
     offset = -R - 2.0 * r
     n_bins = plan.n_pure_bins
     clamp = (offset, offset + (n_bins - 0.5) * r)

@@ -192,7 +192,7 @@ class ExponentialMechanism:
         if self._measurement is not None:
             values = [int(v) for v in s] if self.integer_scores else [float(v) for v in s]
             return int(self._measurement(values))
-        rng = self.noise.rng
+        rng = self.noise.rng  # type: ignore[attr-defined]  # checked in __init__ for non-secure sources
         return int(np.argmax(_logits(s, self.epsilon, self.sensitivity) + rng.gumbel(size=s.size)))
 
 

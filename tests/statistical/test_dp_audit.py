@@ -155,6 +155,7 @@ MECHANISMS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MECHANISMS))
 def test_no_violation_and_the_planted_bug_is_caught(name):
     run, delta, visible = MECHANISMS[name]

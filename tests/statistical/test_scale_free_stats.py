@@ -69,6 +69,7 @@ def _invariant(errs_1, errs_scaled) -> bool:
     return max(m1 / m2, m2 / m1) <= INVARIANCE_FACTOR
 
 
+@pytest.mark.slow
 def test_scale_invariance_of_relative_error():
     e1 = _relative_errors(_scale_free, 1.0)
     e2 = _relative_errors(_scale_free, SCALE)
@@ -120,16 +121,19 @@ def test_min_covered_is_85():
     assert MIN_COVERED == 85
 
 
+@pytest.mark.slow
 def test_error_bar_coverage(coverage_run):
     errs, bars = coverage_run
     assert _coverage_ok(errs, bars), int(np.sum(errs <= bars))
 
 
+@pytest.mark.slow
 def test_error_bar_not_too_wide(coverage_run):
     errs, bars = coverage_run
     assert _width_ok(errs, bars), (float(np.median(bars)), float(np.quantile(errs, 0.9)))
 
 
+@pytest.mark.slow
 def test_error_bar_checks_have_power(coverage_run):
     errs, bars = coverage_run
     assert not _coverage_ok(errs, bars / 2.0)
@@ -162,6 +166,7 @@ def _anchor_error(y, rng, eps):
     return abs(mid + s / max(c, 1.0) - float(np.mean(y)))
 
 
+@pytest.mark.slow
 def test_gaussian_accuracy_against_the_pinned_anchor():
     ours, anchor = [], []
     for rep in range(ANCHOR_REPS):

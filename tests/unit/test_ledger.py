@@ -163,8 +163,11 @@ def test_two_snapshots_of_one_version_conflict(tmp_path):
     led = Ledger(str(tmp_path / "ledger"))
     led.set_limit("pop", Budget(1.0, 0.0))
     a, b = led._table(), led._table()
-    row = lambda spent: _row(kind="population", population="pop", limit_epsilon=1.0, limit_delta=0.0,
-                             spent_epsilon=spent, spent_delta=0.0)
+
+    def row(spent):
+        return _row(kind="population", population="pop", limit_epsilon=1.0, limit_delta=0.0,
+                    spent_epsilon=spent, spent_delta=0.0)
+
     led._merge(a, [row(0.6)])
     with pytest.raises(CommitFailedError):
         led._merge(b, [row(0.6)])
