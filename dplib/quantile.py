@@ -40,7 +40,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dplib.aggregates import MIN_EXPONENT, log_bin_key
+from dplib.aggregates import MIN_EXPONENT
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
@@ -309,7 +309,7 @@ def person_quantile(
         eps, delta = composed_cost(accountant.charges[start:])
         return QuantileRelease(STATUS_INSUFFICIENT, None, eps, delta, covers, params)
 
-    cands, centre, bins = coarse, 0.0, []
+    cands, centre, bins, j = coarse, 0.0, [], 0
     for k, stage in enumerate(search):
         if k:
             centre, cands = next_candidates(cands, j, centre, first=(k == 1))

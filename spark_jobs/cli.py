@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from dplib.errors import DPError
-from spark_jobs.query import coordinate_labels, matrix_lines
 
 
 #: The default log lines carry no time: the time between two lines is a wall-clock timing of a
@@ -49,8 +49,8 @@ def _paths(args) -> None:
     were not given, else the defaults."""
     cfg = None
     if getattr(args, "config", None):
-        from spark_jobs.config import load_config
-        from spark_jobs.spark.io import absolute
+        from spark_jobs.config import load_config  # lazy: per command; main() reports a missing extra
+        from spark_jobs.spark.io import absolute  # lazy: per command; main() reports a missing extra
 
         cfg = load_config(args.config, getattr(args, "set", []) or [])
         out = absolute(cfg.output.path).rstrip("/")
@@ -65,6 +65,8 @@ DEFAULT_LEDGER = "build/releases/privacy_ledger"
 
 
 def _print_release(result) -> None:
+    from spark_jobs.query import coordinate_labels, matrix_lines  # lazy: see main() (missing extras)
+
     if result.reused:
         print(f"\nrun {result.run_id} had already released: the stored release, nothing spent now")
     else:
@@ -102,8 +104,8 @@ def _print_release(result) -> None:
 
 def cmd_run(args) -> int:
     """``person-dp run``: run a job (or print its plan with --dry-run). Exit 2 on bad config, input or budget."""
-    from spark_jobs.config import load_config
-    from spark_jobs.job import plan_job, run_job
+    from spark_jobs.config import load_config  # lazy: per command; main() reports a missing extra
+    from spark_jobs.job import plan_job, run_job  # lazy: per command; main() reports a missing extra
 
     cfg = load_config(args.config, args.set)
     if args.dry_run:
@@ -122,7 +124,7 @@ def cmd_run(args) -> int:
 
 def cmd_prepare_flights(args) -> int:
     """``person-dp prepare-flights``: write the bundled flights as a Parquet records table."""
-    from spark_jobs.datasets import prepare_flights
+    from spark_jobs.datasets import prepare_flights  # lazy: per command; main() reports a missing extra
 
     path = prepare_flights(args.out, sample_aircraft=args.sample_aircraft)
     print(f"flights records table: {path}")
@@ -131,7 +133,8 @@ def cmd_prepare_flights(args) -> int:
 
 def cmd_releases(args) -> int:
     """``person-dp releases list|show``: read the releases Delta table without Spark."""
-    from spark_jobs.query import RELEASE_COLUMNS, read_releases, render, render_records
+    from spark_jobs.query import (  # lazy: per command; main() reports a missing extra
+        RELEASE_COLUMNS, matrix_lines, read_releases, render, render_records)
 
     rows = read_releases(args.table, getattr(args, "run_id", None))
     if args.action == "show":
@@ -154,9 +157,9 @@ def cmd_releases(args) -> int:
 
 def cmd_budget(args) -> int:
     """``person-dp budget show|set``: read or set population limits in the ledger (no Spark)."""
-    from dplib.budget import Budget
-    from spark_jobs.ledger import Ledger
-    from spark_jobs.query import budget_rows, render
+    from dplib.budget import Budget  # lazy: per command; main() reports a missing extra
+    from spark_jobs.ledger import Ledger  # lazy: per command; main() reports a missing extra
+    from spark_jobs.query import budget_rows, render  # lazy: per command; main() reports a missing extra
 
     ledger = Ledger(args.ledger)
     if args.action == "set":
@@ -193,8 +196,8 @@ def cmd_budget(args) -> int:
 def cmd_budget_check(args) -> int:
     """``person-dp budget check``: exit 0 if the ledger has room for one run of the config (or the
     keyed run already released), 2 with limit, spent and requested otherwise. Writes nothing."""
-    from spark_jobs.config import load_config
-    from spark_jobs.preflight import ledger_room
+    from spark_jobs.config import load_config  # lazy: per command; main() reports a missing extra
+    from spark_jobs.preflight import ledger_room  # lazy: per command; main() reports a missing extra
 
     check = ledger_room(load_config(args.config, args.set), args.run_id)
     print(check.message)
@@ -203,9 +206,9 @@ def cmd_budget_check(args) -> int:
 
 def cmd_validate(args) -> int:
     """``person-dp validate``: the config, its privacy plan and the input schema, without Spark."""
-    from spark_jobs.config import load_config
-    from spark_jobs.job import plan_job
-    from spark_jobs.preflight import check_input_schema
+    from spark_jobs.config import load_config  # lazy: per command; main() reports a missing extra
+    from spark_jobs.job import plan_job  # lazy: per command; main() reports a missing extra
+    from spark_jobs.preflight import check_input_schema  # lazy: per command; main() reports a missing extra
 
     cfg = load_config(args.config, args.set)
     eps, delta = plan_job(cfg).cost
@@ -217,7 +220,7 @@ def cmd_validate(args) -> int:
 def cmd_spark_jars(args) -> int:
     """``person-dp spark-jars``: the Delta jars of the local Maven repository (``make jars``), comma
     separated, for ``spark-submit --jars``."""
-    from spark_jobs.spark.session import delta_jars
+    from spark_jobs.spark.session import delta_jars  # lazy: per command; main() reports a missing extra
 
     jars = delta_jars()
     if not jars:
@@ -229,7 +232,7 @@ def cmd_spark_jars(args) -> int:
 
 def cmd_report(args) -> int:
     """``person-dp report``: write an HTML page with one chart per statistic of a run."""
-    from spark_jobs.query import write_report
+    from spark_jobs.query import write_report  # lazy: per command; main() reports a missing extra
 
     page = write_report(args.table, args.out, args.run_id)
     print(f"report: {page} (open it in a browser)")
@@ -332,8 +335,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         # the reader went away (`person-dp budget show | head`): stop quietly, as Unix tools do
-        import os
-
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141

@@ -28,12 +28,12 @@ from typing import Any, Callable
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.groups import new_salt
 from dplib.mechanisms import NoiseSource, production_noise
-from spark_jobs import __version__
 from spark_jobs.config import JobConfig
 from spark_jobs.delta import read_delta
 from spark_jobs.kinds import Release, RunContext, StatisticConfigBase, kind_of
 from spark_jobs.ledger import Ledger
 from spark_jobs.paths import absolute
+from spark_jobs.provenance import code_version
 from spark_jobs.release import ReleaseRow, to_json
 
 log = logging.getLogger("person_dp.job")
@@ -184,7 +184,7 @@ def release_row(cfg: JobConfig, stat: StatisticConfigBase, rel: Release, *, run_
         error_covers=rel.error_covers,
         parameters=to_json(parameters),
         config_hash=cfg.config_hash(),
-        code_version=__version__,
+        code_version=code_version(),
         created_at=created,
         flagged=bool(parameters["tail_flag"]) if "tail_flag" in parameters else None,
     )

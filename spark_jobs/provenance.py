@@ -24,6 +24,8 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+import dplib
+
 #: The distribution name on PyPI (pyproject.toml ``[project] name``).
 DISTRIBUTION = "person-dp"
 
@@ -44,8 +46,7 @@ def code_version() -> str:
 def package_version() -> str:
     """The installed distribution's version when it describes the imported code, else
     ``dplib.__version__`` (the one place the version is written)."""
-    from dplib import __version__ as source_version
-
+    source_version = dplib.__version__
     try:
         installed = metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
@@ -56,8 +57,6 @@ def package_version() -> str:
 
 def _source_root() -> Path | None:
     """The folder holding the imported ``dplib`` package (the repository root in a checkout)."""
-    import dplib
-
     init = getattr(dplib, "__file__", None)
     return Path(init).resolve().parent.parent if init else None
 

@@ -414,7 +414,7 @@ class FRC:
             # the dual point comes from the problem at tau_s; the bound is evaluated with tau
             # itself (kappa tau term), so it bounds the optimum at tau
             dual = tuple(np.array(c.dual_value, dtype=np.float64) for c in (cons[3], cons[2], cons[4]))  # copies
-            lower = self.dual_lower(v, *dual)
+            lower = self.dual_lower(v, *dual)  # type: ignore[arg-type]  # 0-d arrays act as floats
             cert = CertifiedDiscard(min(lower, upper), upper, solver, dual)
             if max_gap is None or cert.gap(self.n) <= max_gap:
                 return cert
@@ -521,7 +521,7 @@ def frc_min_discard(
     frc = FRC(hist, m, t)
     cert = frc.certify(nu)
     sol = frc.solve(nu)
-    status = STATUS_OVERTRIM if cert.upper > OVERTRIM_FACTOR * eta else STATUS_OK
+    status: Literal["OK", "OVERTRIM"] = STATUS_OVERTRIM if cert.upper > OVERTRIM_FACTOR * eta else STATUS_OK
     return FRCResult(_check_nu(nu, k), cert.upper, cert.lower, sol.keep, frc.counts, frc.multiplicity, t, status)
 
 
@@ -650,5 +650,5 @@ def ccp_search(
         if not improved:
             break
     final = discards[-1]
-    status = STATUS_OVERTRIM if final > OVERTRIM_FACTOR * eta else STATUS_OK
+    status: Literal["OK", "OVERTRIM"] = STATUS_OVERTRIM if final > OVERTRIM_FACTOR * eta else STATUS_OK
     return CCPResult(est, final, discards, keep, len(discards), t, status)

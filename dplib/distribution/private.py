@@ -569,6 +569,7 @@ def private_distribution(
         n_c = floored_count(c_rel.noisy_count)
         n_hat = n_c * plan.group.fraction / groups[center_stage].fraction
         r_c = center_error_bound(n_c, k, m, c_rel.scale, plan.beta)
+        norm: Literal["l1", "l2"]
         if plan.estimator == "P1":
             radius, norm = p1_radius(k, m, n_hat, plan.beta, r_c), "l1"
         else:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Final, Literal, Mapping
 
 import numpy as np
 
@@ -44,8 +44,8 @@ _BLOCK = 2**18
 #: Random hyperplanes of the Goemans-Williamson rounding (k > EXACT_MAX_K).
 _ROUNDINGS = 64
 #: Filter statuses.
-STATUS_OK = "OK"
-STATUS_OVERTRIM = "OVERTRIM"
+STATUS_OK: Final = "OK"
+STATUS_OVERTRIM: Final = "OVERTRIM"
 
 
 class SolverError(DPError, RuntimeError):
@@ -512,9 +512,9 @@ def histogram_arrays(hist: Mapping[tuple[int, ...], int], m: int) -> tuple[np.nd
 
 
 def _check_rate(value: object, name: str, lo: float, hi: float, lo_open: bool) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (lo < value if lo_open else lo <= value) and value <= hi
-    if not ok:
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (lo < value if lo_open else lo <= value) and value <= hi)
+    if not ok or not isinstance(value, (int, float)):
         bracket = "(" if lo_open else "["
         raise InvalidParameterError(f"{name} must be a number in {bracket}{lo}, {hi}], got {value!r}")
     return float(value)

@@ -392,7 +392,7 @@ class MultivariateMeanPlan:
         if self.budget_mode not in ("parallel", "sequential"):
             raise InvalidParameterError(f"budget_mode must be 'parallel' or 'sequential', got {self.budget_mode!r}")
         if self.scales is not None:
-            object.__setattr__(self, "scales", tuple(float(s) for s in check_scales(self.scales, self.d)))
+            object.__setattr__(self, "scales", tuple(float(s) for s in check_scales(self.scales, self.d)))  # type: ignore[union-attr]  # check_scales returns an array for a given list
         if self.expected_persons is not None:
             n = self.expected_persons
             if isinstance(n, bool) or not isinstance(n, (int, float)) or not (math.isfinite(n) and n >= 1):

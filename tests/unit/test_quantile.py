@@ -16,7 +16,7 @@ from dplib.groups import ALL_PERSONS
 from dplib.mechanisms import SeededNoise
 from dplib.mechanisms.exponential import ExponentialMechanism
 from dplib.quantile import (
-    COARSE_SUB, FINE_SUB, STAGE_COARSE, STAGE_FINE, STATUS_INSUFFICIENT, STATUS_OK, QuantilePlan, candidates,
+    COARSE_SUB, FINE_SUB, STAGE_FINE, STATUS_INSUFFICIENT, STATUS_OK, QuantilePlan, candidates,
     exact_quantile, person_quantile, rank_scores, sub_edges,
 )
 
