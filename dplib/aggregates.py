@@ -1,4 +1,4 @@
-"""The aggregates interface: the one seam between the estimators and the data.
+"""Person-summary aggregates: the numpy twin of :class:`dplib.seam.Aggregates` and its helpers.
 
 Estimators never see per-person rows. They ask a backend for exact aggregates over the person
 summaries (one row per person: the person's mean ``Y_i`` of each value column and a group

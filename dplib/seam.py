@@ -237,7 +237,7 @@ SEAMS: tuple[Seam, ...] = (
          ("tests/spark/test_backend_contract.py", "tests/spark/test_log_histogram_contract.py",
           "tests/spark/test_multivariate_backend.py")),
     Seam(BatchAggregates, "dplib.distribution.batches.NumpyBatches", "spark_jobs.spark.fixed_n.SparkFixedNBatches",
-         ("tests/spark/test_distribution_batches.py",)),
+         ("tests/spark/test_distribution_batches.py", "tests/spark/test_distribution_p3_job.py")),
     Seam(ShareAggregates, "dplib.distribution.shares.NumpyShares", "spark_jobs.spark.batches.SparkShareSums",
          ("tests/spark/test_distribution_batches.py",)),
     Seam(PersonVectors, "dplib.covariance.person.NumpyPersonVectors", "spark_jobs.spark.vectors.SparkPersonVectors",

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from dplib.errors import ConfigError
+from dplib.errors import ConfigError, InvalidParameterError
 from spark_jobs.kinds import BY_NAME, REGISTRY, Statistic, kind_of
 from spark_jobs.kinds.base import Frozen
 
@@ -119,9 +119,9 @@ class SummaryConfig(Frozen):
     dropped from that column's statistics. ``max_records_per_person`` (optional record cap R):
     a person with more than R records keeps R of them, drawn uniformly without replacement by a
     salted keyed hash of the record (:func:`spark_jobs.spark.summarize.summarize`); their means are over
-    the kept records. Off by default; applies to the mean kinds (``mean``,
-    ``multivariate_mean``, ``mean_affine``, ``covariance``, ``gaussian``), not to ``distribution``
-    (which draws its own ``m`` records per person)."""
+    the kept records. Off by default; applies to every kind that reads the shared per-person
+    summary (its ``value_columns``: the means, count, quantile and covariance kinds), not to
+    ``distribution`` (which draws its own ``m`` records per person)."""
 
     m_min: int = Field(default=1, ge=1)
     max_records_per_person: int | None = Field(default=None, ge=1, le=100_000)  # = summarize.MAX_RECORDS_LIMIT
@@ -223,6 +223,10 @@ class JobConfig(Frozen):
             raise ValueError(f"statistic names must be unique; repeated: {dup}")
         for s in self.statistics:
             kind_of(s).check_job(s, self)
+            try:  # the plan's own checks (dplib declares each parameter range once)
+                kind_of(s).plan(s, self)
+            except InvalidParameterError as err:
+                raise ValueError(f"statistic {s.name!r}: {err}") from err
             if self.privacy_unit.column in s.columns:
                 raise ValueError(f"statistic {s.name!r} uses the privacy unit column as a value")
         return self

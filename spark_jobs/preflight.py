@@ -69,7 +69,7 @@ def check_input_schema(cfg: JobConfig) -> str:
             names = dataset.schema.names if header else [f"_c{i}" for i in range(len(dataset.schema.names))]
             schema = pa.schema([(n, pa.string()) for n in names])
         spark_schema = sio.spark_schema_from_arrow(schema)
-    except InputDataError:
+    except (InputDataError, ModuleNotFoundError):  # a missing extra (pyspark's type rules): the CLI names it
         raise
     except Exception as err:  # missing path, not a Delta table, unreadable file: name the field
         msg = str(err).splitlines()[0][:300] if str(err) else type(err).__name__

@@ -29,6 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dplib.budget import Accountant, Budget
+from dplib.errors import InvalidParameterError
 from dplib.mechanisms import NoiseSource
 
 
@@ -54,6 +55,15 @@ class Frozen(BaseModel):
                 if isinstance(data.get(name), bool) and _takes_number(fld.annotation):
                     raise ValueError(f"{name}: must be a number, got a boolean ({str(data[name]).lower()})")
         return data
+
+
+def dplib_check(check, *args):
+    """Run a dplib parameter check (the one declaration of the range) as a config validator:
+    its ``InvalidParameterError`` becomes the ``ValueError`` pydantic reports for the field."""
+    try:
+        return check(*args)
+    except InvalidParameterError as err:
+        raise ValueError(str(err)) from err
 
 
 def _kind_models(cls) -> list[type["StatisticConfigBase"]]:

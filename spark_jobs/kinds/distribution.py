@@ -14,15 +14,19 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
-from dplib.distribution.batches import check_categories
-from dplib.distribution.p3 import grid_resolution, grid_size, p3_setup
+from dplib.distribution.batches import check_batch_size, check_categories
+from dplib.distribution.frc import check_rate
+from dplib.distribution.p3 import (
+    check_alpha, check_closeness_radius, check_grid_resolution, grid_resolution, grid_size, p3_setup,
+)
 from dplib.distribution.private import ALGORITHM as DIST_ALGORITHM
+from dplib.distribution.private import BETA_LIMITS, P3_COUNT_SHARE_LIMITS
 from dplib.distribution.private import ALGORITHM_VERSION as DIST_VERSION
 from dplib.distribution.private import ESTIMATOR_NAMES, DistributionPlan, private_distribution
 from dplib.distribution.shares import ALGORITHM as SHARES_ALGORITHM
 from dplib.distribution.shares import ALGORITHM_VERSION as SHARES_VERSION
 from dplib.distribution.shares import SharePlan, share_distribution
-from spark_jobs.kinds.base import Frozen, Release, RunContext, StatisticConfigBase, StatisticKind
+from spark_jobs.kinds.base import Frozen, dplib_check, Release, RunContext, StatisticConfigBase, StatisticKind
 
 ESTIMAND_SHARES = (
     "mean over persons of each person's distribution of {col} over the public categories (+ OTHER), "
@@ -78,30 +82,25 @@ class DistributionOptions(Frozen):
     @field_validator("alpha")
     @classmethod
     def _alpha(cls, v: float) -> float:
-        if not (math.isfinite(v) and 0.0 < v <= 2.0):
-            raise ValueError(f"must be in (0, 2] (l1 closeness radius of P3; got {v!r})")
-        return v
+        return dplib_check(check_alpha, v)
 
     @field_validator("closeness_radius")
     @classmethod
     def _radius(cls, v: float) -> float:
-        if not (math.isfinite(v) and 0.0 <= v <= 2.0):
-            raise ValueError(f"must be in [0, 2] (l1 closeness radius of P3, 0 = none; got {v!r})")
-        return v
+        return dplib_check(check_closeness_radius, v)
 
     @field_validator("p3_count_share")
     @classmethod
     def _share(cls, v: float) -> float:
-        if not (math.isfinite(v) and 0.0 < v < 1.0):
-            raise ValueError(f"must be in (0, 1) (P3's share of epsilon for the count n0; got {v!r})")
+        lo, hi = P3_COUNT_SHARE_LIMITS
+        if not (math.isfinite(v) and lo <= v < hi):
+            raise ValueError(f"must be in [{lo:g}, {hi:g}) (P3's share of epsilon for the count n0; got {v!r})")
         return v
 
     @field_validator("grid_resolution")
     @classmethod
     def _grid(cls, v: int | None) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError(f"must be an integer >= 1 (P3 grid points i/G; got {v!r})")
-        return v
+        return v if v is None else dplib_check(check_grid_resolution, v)
 
     @model_validator(mode="after")
     def _p3(self) -> "DistributionOptions":
@@ -143,31 +142,26 @@ class DistributionOptions(Frozen):
 
     @field_validator("m")
     @classmethod
-    def _m(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"must be an integer >= 1 (draws per person), got {v!r}")
-        return v
+    def _m(cls, v: int | None) -> int | None:
+        return v if v is None else dplib_check(check_batch_size, v)
 
     @field_validator("beta")
     @classmethod
     def _beta(cls, v: float) -> float:
-        if not (0.0 < v < 1.0):
-            raise ValueError(f"must be in (0, 1) (got {v!r})")
+        lo, hi = BETA_LIMITS
+        if not (lo <= v < hi):
+            raise ValueError(f"must be in [{lo:g}, {hi:g}) (got {v!r})")
         return v
 
     @field_validator("eta")
     @classmethod
     def _eta(cls, v: float | None) -> float | None:
-        if v is not None and not (0.0 < v < 0.5):
-            raise ValueError(f"must be in (0, 0.5) (got {v!r})")
-        return v
+        return v if v is None else dplib_check(check_rate, "eta", v)
 
     @field_validator("omega")
     @classmethod
     def _omega(cls, v: float | None) -> float | None:
-        if v is not None and not (0.0 <= v < 1.0):
-            raise ValueError(f"must be in [0, 1) (got {v!r})")
-        return v
+        return v if v is None else dplib_check(check_rate, "omega", v)
 
 
 class DistributionStatistic(StatisticConfigBase):

@@ -17,8 +17,12 @@ from pydantic import field_validator, model_validator
 from dplib.mean.scale_free import ALGORITHM as SF_ALGORITHM
 from dplib.mean.scale_free import ALGORITHM_VERSION as SF_VERSION
 from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
-from dplib.mean.univariate import ALGORITHM, ALGORITHM_VERSION, UnivariateMeanPlan, univariate_person_mean
-from spark_jobs.kinds.base import Frozen, Release, RunContext, StatisticConfigBase, StatisticKind
+from dplib.mean.params import check_moment_order
+from dplib.mean.ranges import check_exponent_range
+from dplib.mean.univariate import (
+    ALGORITHM, ALGORITHM_VERSION, COARSE_FRACTION_LIMITS, UnivariateMeanPlan, univariate_person_mean,
+)
+from spark_jobs.kinds.base import Frozen, dplib_check, Release, RunContext, StatisticConfigBase, StatisticKind
 
 ESTIMAND_MEAN = "mean over persons of each person's mean of {col} (persons weighted equally)"
 
@@ -78,16 +82,12 @@ class MeanOptions(Frozen):
     @field_validator("exponent_range")
     @classmethod
     def _exp(cls, v: tuple[int, int]) -> tuple[int, int]:
-        if not (-1000 < v[0] < v[1] < 997):
-            raise ValueError(f"must be [lo, hi] with -1000 < lo < hi < 997 (got {list(v)})")
-        return v
+        return dplib_check(check_exponent_range, v)
 
     @field_validator("k")
     @classmethod
     def _k(cls, v: float | None) -> float | None:
-        if v is not None and (math.isnan(v) or v < 2):
-            raise ValueError(f"must be >= 2 or .inf (got {v!r})")
-        return v
+        return v if v is None else dplib_check(check_moment_order, v)
 
     @field_validator("range_bound")
     @classmethod
@@ -99,8 +99,9 @@ class MeanOptions(Frozen):
     @field_validator("coarse_fraction")
     @classmethod
     def _cf(cls, v: float) -> float:
-        if not (0.05 <= v <= 0.95):
-            raise ValueError(f"must be in [0.05, 0.95] (got {v!r})")
+        lo, hi = COARSE_FRACTION_LIMITS
+        if not (lo <= v <= hi):
+            raise ValueError(f"must be in [{lo:g}, {hi:g}] (got {v!r})")
         return v
 
 

@@ -214,14 +214,15 @@ def check_category_types(schema, cfg) -> None:
     """
     fields = {f.name: f for f in schema.fields}
     for stat in cfg.statistics:
-        if stat.kind != "distribution":
+        categories = getattr(stat.options, "categories", None)  # kinds with a public category list
+        if not categories:
             continue
         col = stat.columns[0]
         f = fields.get(col)
         if f is None or type(f.dataType).__name__ not in FLOAT_TYPES:
             continue
         bad = []
-        for c in stat.options.categories:
+        for c in categories:
             try:
                 ok = repr(float(c)) == c
             except ValueError:

@@ -1,6 +1,5 @@
 """The one seam (dplib.seam): every protocol's numpy twin and Spark implementation answer every
-question the protocol declares, with the same parameters; every estimator module asks its
-backend through a seam protocol. The bit-for-bit agreement of the twins is in the contract tests
+question the protocol declares, with the same parameters. The bit-for-bit agreement of the twins is in the contract tests
 each seam names (tests/spark)."""
 
 from __future__ import annotations
