@@ -103,10 +103,14 @@ class BHSStatisticBase(StatisticConfigBase):
 
 
 class MeanAffineStatistic(BHSStatisticBase):
+    """One ``kind: mean_affine`` statistic: BHS23 Algorithm 1 on the person vectors of d distinct columns."""
+
     kind: Literal["mean_affine"]
 
 
 class GaussianStatistic(BHSStatisticBase):
+    """One ``kind: gaussian`` statistic: BHS23 Algorithm 5.2 (mean and covariance, shape (d + 1, d))."""
+
     kind: Literal["gaussian"]
 
 
@@ -166,10 +170,14 @@ class BHSKind(StatisticKind):
 
 
 class MeanAffineKind(BHSKind):
+    """``kind: mean_affine``: (epsilon, delta)-DP under add/remove one person (BHS23 Algorithm 1)."""
+
     config_model = MeanAffineStatistic
 
 
 class GaussianKind(BHSKind):
+    """``kind: gaussian``: (epsilon, delta)-DP under add/remove one person (BHS23 Algorithm 5.2)."""
+
     config_model = GaussianStatistic
 
 

@@ -21,11 +21,15 @@ class CountOptions(Frozen):
 
 
 class CountStatistic(StatisticConfigBase):
+    """One ``kind: count`` statistic: the columns whose persons are counted; no options."""
+
     kind: Literal["count"]
     options: CountOptions = CountOptions()
 
 
 class CountKind(StatisticKind):
+    """``kind: count``: epsilon-DP (Laplace, sensitivity 1); estimate shape (1,), persons."""
+
     config_model = CountStatistic
 
     def plan(self, stat, cfg):

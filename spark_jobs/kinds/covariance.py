@@ -17,10 +17,14 @@ from spark_jobs.kinds.bhs23 import ESTIMAND_BHS, BHSKind, BHSStatisticBase
 
 
 class CovarianceStatistic(BHSStatisticBase):
+    """One ``kind: covariance`` statistic: d >= 2 distinct columns (``clipped``) or BHS23 options."""
+
     kind: Literal["covariance"]
 
 
 class CovarianceKind(BHSKind):
+    """``kind: covariance``: (epsilon, delta)-DP; estimate shape (d, d), data units squared."""
+
     config_model = CovarianceStatistic
 
     def needs_person_id(self, stat) -> bool:

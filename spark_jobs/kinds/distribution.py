@@ -186,6 +186,8 @@ class DistributionStatistic(StatisticConfigBase):
 
 
 class DistributionKind(StatisticKind):
+    """``kind: distribution``: estimate shape (k,) on the simplex (OTHER last); pure epsilon except P2."""
+
     config_model = DistributionStatistic
 
     def value_columns(self, stat) -> list[str]:

@@ -128,6 +128,8 @@ class MeanStatistic(StatisticConfigBase):
 
 
 class MeanKind(StatisticKind):
+    """``kind: mean``: estimate shape (1,), data units; (epsilon, delta)-DP (pure with delta = 0)."""
+
     config_model = MeanStatistic
 
     def check_job(self, stat: MeanStatistic, cfg) -> None:

@@ -62,6 +62,8 @@ class MultivariateMeanStatistic(StatisticConfigBase):
 
 
 class MultivariateMeanKind(StatisticKind):
+    """``kind: multivariate_mean``: estimate shape (d,), data units; (epsilon, delta)-DP, delta > 0."""
+
     config_model = MultivariateMeanStatistic
 
     def check_job(self, stat, cfg) -> None:

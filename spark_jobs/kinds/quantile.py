@@ -39,6 +39,8 @@ class QuantileOptions(Frozen):
 
 
 class QuantileStatistic(StatisticConfigBase):
+    """One ``kind: quantile`` statistic: exactly one numeric column."""
+
     kind: Literal["quantile"]
     options: QuantileOptions = QuantileOptions()
 
@@ -50,6 +52,8 @@ class QuantileStatistic(StatisticConfigBase):
 
 
 class QuantileKind(StatisticKind):
+    """``kind: quantile``: epsilon-DP; estimate shape (1,), data units; no value error bar."""
+
     config_model = QuantileStatistic
 
     def plan(self, stat, cfg):
