@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from dplib.errors import ConfigError, InvalidParameterError
 from spark_jobs.kinds import BY_NAME, REGISTRY, Statistic, kind_of
 from spark_jobs.kinds.base import Frozen
+from spark_jobs.grouping import statistic_plan
 
 #: One statistic of a job (the union of the kinds' models, discriminated on ``kind``).
 StatisticConfig = Statistic
@@ -222,9 +223,23 @@ class JobConfig(Frozen):
         if dup:
             raise ValueError(f"statistic names must be unique; repeated: {dup}")
         for s in self.statistics:
-            kind_of(s).check_job(s, self)
+            kind = kind_of(s)
+            if s.group_by is not None and not kind.groupable(s):
+                raise ValueError(
+                    f"statistic {s.name!r}: kind {s.kind!r}{_estimator_note(s)} cannot be released per group "
+                    "(group_by works for the kinds on the shared per-person summary: mean, multivariate_mean, "
+                    "count, quantile, sum, variance, stddev, covariance with estimator: clipped)"
+                )
+            if s.group_by is not None and self.privacy_unit.column in s.group_by:
+                raise ValueError(f"statistic {s.name!r}: group_by cannot use the privacy unit column")
+            if s.group_by is not None and s.groups.select == "private" and self.budget.delta == 0:
+                raise ValueError(
+                    f"statistic {s.name!r}: groups.select: private needs budget.delta > 0 (partition selection "
+                    "is (epsilon, delta)-DP); with delta = 0 list the keys (groups: {keys: [...]})"
+                )
+            kind.check_job(s, self)
             try:  # the plan's own checks (dplib declares each parameter range once)
-                kind_of(s).plan(s, self)
+                statistic_plan(s, self)
             except InvalidParameterError as err:
                 raise ValueError(f"statistic {s.name!r}: {err}") from err
             if self.privacy_unit.column in s.columns:
@@ -264,11 +279,21 @@ class JobConfig(Frozen):
         """Every column a statistic reads from the records itself (e.g. a distribution's category
         column and record-label columns), in order of first use; any type (values are matched as
         strings)."""
-        return _unique(c for s in self.statistics for c in kind_of(s).categorical_columns(s))
+        return _unique(c for s in self.statistics for c in [*kind_of(s).categorical_columns(s), *(s.group_by or ())])
 
     def value_columns(self) -> list[str]:
         """Every numeric column of the run's shared per-person summary, in order of first use."""
         return _unique(c for s in self.statistics for c in kind_of(s).value_columns(s))
+
+    def summary_columns(self) -> list[str]:
+        """The numeric columns of the run's shared per-person summary: those of the ungrouped
+        statistics (a ``group_by`` statistic has its own per-(person, group) summary)."""
+        return _unique(c for s in self.statistics if s.group_by is None for c in kind_of(s).value_columns(s))
+
+
+def _estimator_note(stat) -> str:
+    est = getattr(getattr(stat, "options", None), "estimator", None)
+    return f" (estimator {est!r})" if est is not None else ""
 
 
 def _unique(items) -> list[str]:

@@ -30,6 +30,8 @@ from dplib.groups import new_salt
 from dplib.mechanisms import NoiseSource, production_noise
 from spark_jobs.config import JobConfig
 from spark_jobs.delta import read_delta
+from spark_jobs.grouping import GroupRelease, describe as describe_statistic, run_grouped
+from spark_jobs.grouping import statistic_plan as _statistic_plan
 from spark_jobs.kinds import Release, RunContext, StatisticConfigBase, kind_of
 from spark_jobs.ledger import Ledger
 from spark_jobs.paths import absolute
@@ -44,8 +46,9 @@ Checkpoint = Callable[[str], None]
 
 
 def statistic_plan(cfg: JobConfig, stat: StatisticConfigBase):
-    """The public plan of one statistic, from the config alone (its kind decides)."""
-    return kind_of(stat).plan(stat, cfg)
+    """The public plan of one statistic, from the config alone (its kind decides; a
+    ``group_by`` statistic gets a :class:`spark_jobs.grouping.GroupedPlan`)."""
+    return _statistic_plan(stat, cfg)
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ class JobPlan:
             )
         stats = {s.name: s for s in cfg.statistics}
         for name, p in self.plans.items():
-            lines.append(kind_of(stats[name]).describe(name, p))
+            lines.append(describe_statistic(stats[name], p))
         lines.append(f"total cost (composed): epsilon={eps:.6g}, delta={delta:.3g}")
         if cfg.ledger.enabled:
             lines.append(f"spent from population {cfg.population()!r} in ledger {cfg.ledger_path()}")
@@ -138,7 +141,12 @@ def stored_release(table_path: str, run_id: str) -> list[ReleaseRow]:
         rows = read_delta(table_path, {"run_id": run_id}).to_pylist()
     except FileNotFoundError:
         return []
-    return [ReleaseRow(**r) for r in sorted(rows, key=lambda r: r["statistic"])]
+    out = []
+    for r in sorted(rows, key=lambda r: (r["statistic"], str(r.get("group_key")))):
+        if isinstance(r.get("group_key"), list):  # arrow maps read as (key, value) pairs
+            r = {**r, "group_key": dict(r["group_key"])}
+        out.append(ReleaseRow(**r))
+    return out
 
 
 def released_run_ids(table_path: str, job_name: str) -> set[str]:
@@ -150,7 +158,7 @@ def released_run_ids(table_path: str, job_name: str) -> set[str]:
 
 
 def release_row(cfg: JobConfig, stat: StatisticConfigBase, rel: Release, *, run_id: str, lineage, created,
-                noise: NoiseSource, run_key: str | None = None) -> ReleaseRow:
+                noise: NoiseSource, run_key: str | None = None, group_key: dict[str, str] | None = None) -> ReleaseRow:
     """One ``releases`` row: the run's lineage and config fields plus one statistic's release.
 
     ``run_key`` (the caller's idempotency key, e.g. Airflow's run id; public) goes into the
@@ -187,7 +195,25 @@ def release_row(cfg: JobConfig, stat: StatisticConfigBase, rel: Release, *, run_
         code_version=code_version(),
         created_at=created,
         flagged=bool(parameters["tail_flag"]) if "tail_flag" in parameters else None,
+        group_key=group_key,
     )
+
+
+def _run_grouped(cfg, stat, plan, ctx, records, salt, label_columns, input_cls, decode_key) -> list[GroupRelease]:
+    """One ``group_by`` statistic: its per-(person, group) summary (one pass, cached for the
+    statistic), then :func:`spark_jobs.grouping.run_grouped`."""
+    kind = kind_of(stat)
+    source = input_cls(
+        records, cfg.privacy_unit.column, cfg.privacy_unit.null_values, list(stat.group_by),
+        plan.keys and [list(k) for k in plan.keys], plan.l0, kind.value_columns(stat), salt,
+        m_min=cfg.summary.m_min, max_records_per_person=cfg.summary.max_records_per_person,
+        label_columns=label_columns,
+    )
+    try:
+        return run_grouped(stat, plan, ctx, source.person_counts, source.pooled, source.public_keys, source.backend,
+                           lambda k: decode_key(k, stat.group_by))
+    finally:
+        source.unpersist()
 
 
 def run_job(
@@ -238,6 +264,7 @@ def run_job(
     # lazy: keeps pyspark out of the Spark-free imports (plan_job, the CLI's dry run, Airflow parsing)
     from spark_jobs.spark import io as sio  # lazy: Spark
     from spark_jobs.spark.aggregates import SparkAggregates  # lazy: Spark
+    from spark_jobs.spark.grouping import SparkGroupedInput, decode_key  # lazy: Spark
     from spark_jobs.spark.releases import write_releases  # lazy: Spark
     from spark_jobs.spark.session import build_session  # lazy: Spark
     from spark_jobs.spark.summarize import summarize  # lazy: Spark
@@ -303,14 +330,15 @@ def run_job(
     salt = new_salt()
     # One per-person summary for every statistic that reads numeric columns (kept with the person
     # id when a kind orders persons by a key of it).
-    keep_id = any(kind_of(s).needs_person_id(s) for s in cfg.statistics)
+    keep_id = any(kind_of(s).needs_person_id(s) for s in cfg.statistics if s.group_by is None)
+    shared = cfg.summary_columns()
     summary = (
         summarize(
-            records, cfg.privacy_unit.column, columns, salt, cfg.summary.m_min, cfg.privacy_unit.null_values,
+            records, cfg.privacy_unit.column, shared, salt, cfg.summary.m_min, cfg.privacy_unit.null_values,
             max_records_per_person=cfg.summary.max_records_per_person, label_columns=columns,
             keep_id=keep_id,
         ).persist()
-        if columns
+        if shared
         else None
     )
     try:
@@ -325,10 +353,17 @@ def run_job(
         created = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
         for i, stat in enumerate(cfg.statistics, 1):
             t1 = time.monotonic()
-            rel = kind_of(stat).run(stat, job_plan.plans[stat.name], ctx)
-            rows.append(release_row(cfg, stat, rel, run_id=run_id, lineage=lineage, created=created, noise=noise,
-                                    run_key=run_key))
-            log.info("statistic %d/%d %s: %s", i, len(cfg.statistics), stat.name, rel.status)
+            if stat.group_by is None:
+                released = [GroupRelease({}, kind_of(stat).run(stat, job_plan.plans[stat.name], ctx))]
+            else:
+                released = _run_grouped(cfg, stat, job_plan.plans[stat.name], ctx, records, salt, columns,
+                                        SparkGroupedInput, decode_key)
+            for g in released:
+                rows.append(release_row(cfg, stat, g.release, run_id=run_id, lineage=lineage, created=created,
+                                        noise=noise, run_key=run_key, group_key=g.key or None))
+            statuses = sorted({g.release.status for g in released})
+            log.info("statistic %d/%d %s: %s%s", i, len(cfg.statistics), stat.name, "/".join(statuses) or "no groups",
+                     "" if stat.group_by is None else f" ({len(released)} group row(s))")
             log.debug("statistic %s took %.1fs", stat.name, time.monotonic() - t1)
         point("before_release_commit")
         table = write_releases(spark, rows, output_path)

@@ -53,6 +53,10 @@ class ReleaseRow:
     #: (``parameters.tail_flag`` of the means); None where the estimator makes no such check,
     #: and in rows written before the column existed.
     flagged: bool | None = None
+    #: The group of a ``group_by`` statistic: ``{column: value}`` (values as strings, as Spark
+    #: casts them); None for an ungrouped statistic and in rows written before the column existed.
+    #: Query it as ``group_key['origin'] = 'JFK'`` (Spark SQL, DuckDB).
+    group_key: dict[str, str] | None = None
 
 
 #: Columns that may be null (the rest are NOT NULL in the Delta table).

@@ -184,6 +184,10 @@ class ScaleFreeMeanPlan:
     range_octaves: int = 1
     exponent_range: tuple[int, int] = DEFAULT_EXPONENT_RANGE
     group: GroupRange = ALL_PERSONS
+    #: True: stage 1 is not this plan's: the range comes from a :class:`SharedRangePlan` run once
+    #: for all groups of a ``group_by`` statistic (``given_range`` of the estimator), and its
+    #: share goes to the fine stage.
+    shared_range: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, Budget):
@@ -203,10 +207,12 @@ class ScaleFreeMeanPlan:
         """
         eps, delta = self.budget.epsilon, self.budget.delta
         centre, profile = CENTRE_SHARE * SMALL_DATA_BOOST, PROFILE_SHARE * SMALL_DATA_BOOST
-        fine = 1.0 - RANGE_SHARE - RANGE_RETRY_SHARE - centre - profile - BALANCE_SHARE
-        parts = [
+        ranges = [] if self.shared_range else [
             (STAGE_RANGE, RANGE_SHARE, delta / 2.0),
             (STAGE_RANGE_RETRY, RANGE_RETRY_SHARE, delta / 2.0),
+        ]
+        fine = 1.0 - sum(r[1] for r in ranges) - centre - profile - BALANCE_SHARE
+        parts = ranges + [
             (STAGE_CENTRE, centre, 0.0),
             (STAGE_PROFILE, profile, 0.0),
             (STAGE_BALANCE, BALANCE_SHARE, 0.0),
@@ -230,6 +236,72 @@ class ScaleFreeMeanPlan:
             "tail_nu_cap": self.k,
             "exponent_range": list(self.exponent_range) if self.budget.delta == 0 else None,
         }
+
+
+#: Share of a grouped mean's budget (after selection) spent once on the shared range stage.
+SHARED_RANGE_SHARE = RANGE_SHARE + RANGE_RETRY_SHARE
+
+
+@dataclass(frozen=True)
+class SharedRange:
+    """The magnitude range found once for every group of a grouped mean (every field DP)."""
+
+    range: MagnitudeRange | None
+    retried: bool
+
+
+@dataclass(frozen=True)
+class SharedRangePlan:
+    """Stage 1 of the scale-free mean run once for all groups of a ``group_by`` statistic, on
+    **one value per person** (the person's value in one of its groups, chosen by the keyed hash
+    of :mod:`spark_jobs.spark.grouping`): sensitivity 1, as the ungrouped stage. ``budget`` is
+    split as the ungrouped stage's first run and retry (the retry only if the first run released
+    nothing). The per-group plans (``ScaleFreeMeanPlan(shared_range=True)``) then skip stage 1.
+    """
+
+    budget: Budget
+    range_quantile: float = 0.9
+    range_octaves: int = 1
+    exponent_range: tuple[int, int] = DEFAULT_EXPONENT_RANGE
+    group: GroupRange = ALL_PERSONS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, Budget):
+            raise InvalidParameterError("budget must be a dplib.budget.Budget")
+        check_range_quantile(self.range_quantile, "range_quantile")
+        check_octaves(self.range_octaves, "range_octaves")
+        check_exponent_range(self.exponent_range)
+
+    def charges(self, prefix: str = "") -> list[Charge]:
+        eps, delta = self.budget.epsilon, self.budget.delta
+        first = RANGE_SHARE / SHARED_RANGE_SHARE
+        return [
+            Charge(f"{prefix}{STAGE_RANGE}", Budget(eps * first, delta / 2.0), self.group),
+            Charge(f"{prefix}{STAGE_RANGE_RETRY}", Budget(eps * (1.0 - first), delta / 2.0), self.group),
+        ]
+
+
+def shared_magnitude_range(
+    backend: Aggregates, column: str, plan: SharedRangePlan, noise: NoiseSource, accountant: Accountant,
+    stage_prefix: str = "",
+) -> SharedRange:
+    """Run a :class:`SharedRangePlan` (charged to ``accountant`` before each run's noise) over
+    ``backend``, whose persons must hold one value each (pooled over groups).
+
+    Privacy: as stage 1 of :func:`scale_free_person_mean`: (eps, delta/2)-DP per run on persons
+    with one value each."""
+    charges = {c.stage[len(stage_prefix):]: c for c in plan.charges(stage_prefix)}
+    accountant.check(list(charges.values()))
+    charge = stage_charger(accountant, charges)
+    b = charge(STAGE_RANGE)
+    out = magnitude_range(backend, column, plan.group, b.epsilon, b.delta, noise, plan.range_quantile,
+                          plan.exponent_range, plan.range_octaves)
+    if out is not None:
+        return SharedRange(out, False)
+    b = charge(STAGE_RANGE_RETRY)
+    out = magnitude_range(backend, column, plan.group, b.epsilon, b.delta, noise, plan.range_quantile,
+                          plan.exponent_range, plan.range_octaves)
+    return SharedRange(out, True)
 
 
 def _insufficient(reason: str, accountant: Accountant, start: int, params: dict) -> MeanRelease:
@@ -358,6 +430,7 @@ def scale_free_person_mean(
     noise: NoiseSource,
     accountant: Accountant | None = None,
     stage_prefix: str = "",
+    given_range: SharedRange | None = None,
 ) -> MeanRelease:
     """Private mean over persons of each person's mean of ``column``, with no scale or bounds.
 
@@ -370,6 +443,9 @@ def scale_free_person_mean(
     noise : NoiseSource
     accountant : Accountant, optional
         Charged before each stage reads its persons. Default: limited to ``plan.budget``.
+    given_range : SharedRange, optional
+        Required with ``plan.shared_range`` (a group of a grouped mean): stage 1's DP output,
+        found once for all groups (:func:`shared_magnitude_range`); stage 1 then does not run.
 
     Returns
     -------
@@ -407,12 +483,18 @@ def scale_free_person_mean(
     charge = stage_charger(accountant, charges)
 
     # 1. magnitude range (a retry with a larger share only if the first run released nothing)
-    b = charge(STAGE_RANGE)
-    rng_out = magnitude_range(
-        backend, column, group, b.epsilon, b.delta, noise, plan.range_quantile, plan.exponent_range, plan.range_octaves
-    )
-    retried = rng_out is None
-    if retried:
+    if plan.shared_range:
+        if given_range is None:
+            raise InvalidParameterError("a plan with shared_range needs the shared stage's given_range")
+        rng_out, retried = given_range.range, given_range.retried
+    else:
+        b = charge(STAGE_RANGE)
+        rng_out = magnitude_range(
+            backend, column, group, b.epsilon, b.delta, noise, plan.range_quantile, plan.exponent_range,
+            plan.range_octaves,
+        )
+        retried = rng_out is None
+    if retried and not plan.shared_range:
         b = charge(STAGE_RANGE_RETRY)
         rng_out = magnitude_range(
             backend, column, group, b.epsilon, b.delta, noise, plan.range_quantile, plan.exponent_range,
@@ -464,7 +546,8 @@ def scale_free_person_mean(
     # 4. fine clip-and-noise, with what is left of the budget
     spent_eps, _ = composed_cost(accountant.charges[start:])
     eps_fine = eps_total - spent_eps
-    n_hat = max(rng_out.noisy_total, profile.total, 1.0)
+    # (a shared range counted every group's persons: only the group's own profile counts here)
+    n_hat = max(0.0 if plan.shared_range else rng_out.noisy_total, profile.total, 1.0)
     rho = balanced_radius(model, min(bin_width / 4.0, high / 2.0), 2.0 * high, n_hat * eps_fine, centre_error)
     reach = RADIUS_REACH * measured_reach(profile, model)
     capped = rho > reach

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from dplib.budget import Accountant, Budget
 from dplib.errors import InvalidParameterError
 from dplib.mechanisms import NoiseSource
+from dplib.partitions import check_l0
 
 
 def _takes_number(annotation) -> bool:
@@ -66,6 +67,50 @@ def dplib_check(check, *args):
         raise ValueError(str(err)) from err
 
 
+#: A group key value in the YAML (matched as the string Spark casts the column to).
+KeyValue = str | int | float | bool
+
+#: Share of a grouped statistic's budget spent on private group selection by default.
+DEFAULT_SELECTION_SHARE = 0.1
+
+
+class GroupsConfig(Frozen):
+    """Which group keys a ``group_by`` statistic releases.
+
+    ``keys``: a public key set, one list of values per key (one value per ``group_by`` column,
+    matched as strings, as Spark casts the column to string: ``1`` matches an integer column's 1,
+    a double column's 1 is ``"1.0"``). Every listed key gets a row through the same DP path,
+    whether or not anyone holds it. ``select: private``: the keys present in the data are released
+    only through DP partition selection (:mod:`dplib.partitions`), which spends
+    ``selection_share`` of the statistic's budget and needs ``budget.delta > 0``.
+    """
+
+    keys: tuple[tuple[KeyValue, ...], ...] | None = None
+    select: typing.Literal["private"] | None = None
+    selection_share: float = DEFAULT_SELECTION_SHARE
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "GroupsConfig":
+        if (self.keys is None) == (self.select is None):
+            raise ValueError("give exactly one of groups.keys (a public key set) or groups.select: private")
+        if self.keys is not None:
+            if not self.keys:
+                raise ValueError("groups.keys must list at least one key")
+            if len({tuple(str(v).lower() if isinstance(v, bool) else str(v) for v in k) for k in self.keys}) != len(self.keys):
+                raise ValueError("groups.keys must be distinct")
+        if not (math.isfinite(self.selection_share) and 0 < self.selection_share < 1):
+            raise ValueError(f"groups.selection_share must be in (0, 1) (got {self.selection_share!r})")
+        if self.keys is not None and self.selection_share != DEFAULT_SELECTION_SHARE:
+            raise ValueError("groups.selection_share is for groups.select: private (a public key set spends nothing on selection)")
+        return self
+
+    def key_strings(self) -> list[tuple[str, ...]] | None:
+        """The public keys as the strings Spark compares (booleans as Spark writes them)."""
+        if self.keys is None:
+            return None
+        return [tuple(str(v).lower() if isinstance(v, bool) else str(v) for v in k) for k in self.keys]
+
+
 def _kind_models(cls) -> list[type["StatisticConfigBase"]]:
     out = []
     for sub in cls.__subclasses__():
@@ -83,6 +128,44 @@ class StatisticConfigBase(Frozen):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
     columns: tuple[str, ...] = Field(min_length=1)
     share: float
+    #: ``group_by``: release one value per group key (docs/configuration.md, "Groups"); with it,
+    #: ``groups`` and ``max_groups_per_person`` (the L0 bound) are required.
+    group_by: tuple[str, ...] | None = None
+    groups: GroupsConfig | None = None
+    max_groups_per_person: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unused_grouping(self, handler):
+        """An ungrouped statistic serialises as before grouping existed (its config hash, and so
+        the run ids of keyed runs, are unchanged)."""
+        data = handler(self)
+        if isinstance(data, dict) and self.group_by is None:
+            for k in ("group_by", "groups", "max_groups_per_person"):
+                if data.get(k) is None:
+                    data.pop(k, None)
+        return data
+
+    @model_validator(mode="after")
+    def _grouping(self):
+        if self.group_by is None:
+            if self.groups is not None or self.max_groups_per_person is not None:
+                raise ValueError("groups and max_groups_per_person need group_by (the columns that form the group key)")
+            return self
+        if not self.group_by or len(set(self.group_by)) != len(self.group_by):
+            raise ValueError(f"group_by must list distinct columns (got {list(self.group_by)})")
+        overlap = set(self.group_by) & set(self.columns)
+        if overlap:
+            raise ValueError(f"group_by columns {sorted(overlap)} are also value columns of the statistic")
+        if self.groups is None:
+            raise ValueError("group_by needs groups: {keys: [[...], ...]} (a public key set) or groups: {select: private}")
+        if self.max_groups_per_person is None:
+            raise ValueError("group_by needs max_groups_per_person (the L0 bound: groups one person may contribute to)")
+        dplib_check(check_l0, self.max_groups_per_person)
+        if self.groups.keys is not None:
+            bad = [list(k) for k in self.groups.keys if len(k) != len(self.group_by)]
+            if bad:
+                raise ValueError(f"groups.keys: each key needs one value per group_by column ({len(self.group_by)}); got {bad[:3]}")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -196,10 +279,18 @@ class RunContext:
     noise: NoiseSource
     accountant: Accountant
     prepared: dict[str, Any] = field(default_factory=dict)
+    #: A group of a ``group_by`` statistic: what the kind's shared stage released (run once for
+    #: all groups, :meth:`StatisticKind.run_shared`); None otherwise.
+    shared: Any = None
 
     def summary_extras(self) -> dict:
         """The summary rules every release over the shared summary reports."""
         return {"m_min": self.cfg.summary.m_min, "max_records_per_person": self.cfg.summary.max_records_per_person}
+
+
+def per_group_statistic(stat: StatisticConfigBase, share: float) -> StatisticConfigBase:
+    """The statistic as each group's estimator sees it: no grouping, ``share`` of the job's budget."""
+    return stat.model_copy(update={"share": share, "group_by": None, "groups": None, "max_groups_per_person": None})
 
 
 class StatisticKind:
@@ -222,6 +313,26 @@ class StatisticKind:
     def categorical_columns(self, stat) -> list[str]:
         """Columns (any type) this statistic reads from the records itself."""
         return []
+
+    def groupable(self, stat) -> bool:
+        """True if the statistic can be released per group (``group_by``): it asks only the
+        :class:`dplib.seam.Aggregates` seam of the shared summary, so :mod:`dplib.grouped` can
+        answer every group's questions in one aggregation per stage."""
+        return False
+
+    def grouped_plans(self, stat, cfg, fraction: float, l0: int) -> tuple[Any, Any, float]:
+        """Plans of a ``group_by`` statistic that spends ``fraction`` of its budget on its groups:
+        ``(shared, per_group, per_group_share)``. ``shared``: a plan run once for all groups on
+        one value per person before them (:meth:`run_shared`), or None; ``per_group``: the plan
+        each group's :meth:`run` follows, with ``per_group_share`` of the job's budget (each
+        person is in at most ``l0`` groups). Default: no shared stage, the rest split over L0."""
+        share = stat.share * fraction / l0
+        return None, self.plan(per_group_statistic(stat, share), cfg), share
+
+    def run_shared(self, stat, plan, aggregates, ctx: "RunContext") -> Any:
+        """Run the shared plan of :meth:`grouped_plans` over ``aggregates`` (one value per
+        person, every group pooled); its result reaches each group as ``ctx.shared``."""
+        raise NotImplementedError
 
     def needs_person_id(self, stat) -> bool:
         """True if the shared summary must keep the person id (e.g. to order persons by a key)."""

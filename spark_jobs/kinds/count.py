@@ -32,6 +32,9 @@ class CountKind(StatisticKind):
 
     config_model = CountStatistic
 
+    def groupable(self, stat) -> bool:
+        return True
+
     def plan(self, stat, cfg):
         return PersonCountPlan(budget=stat.budget(cfg))
 

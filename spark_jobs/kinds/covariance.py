@@ -27,6 +27,9 @@ class CovarianceKind(BHSKind):
 
     config_model = CovarianceStatistic
 
+    def groupable(self, stat) -> bool:
+        return stat.options.estimator == "clipped"
+
     def needs_person_id(self, stat) -> bool:
         return stat.options.estimator != "clipped"
 

@@ -16,13 +16,18 @@ from pydantic import field_validator, model_validator
 
 from dplib.mean.scale_free import ALGORITHM as SF_ALGORITHM
 from dplib.mean.scale_free import ALGORITHM_VERSION as SF_VERSION
-from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
+from dplib.budget import Budget
+from dplib.mean.scale_free import (
+    SHARED_RANGE_SHARE, ScaleFreeMeanPlan, SharedRangePlan, scale_free_person_mean, shared_magnitude_range,
+)
 from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import check_exponent_range
 from dplib.mean.univariate import (
     ALGORITHM, ALGORITHM_VERSION, COARSE_FRACTION_LIMITS, UnivariateMeanPlan, univariate_person_mean,
 )
-from spark_jobs.kinds.base import Frozen, dplib_check, Release, RunContext, StatisticConfigBase, StatisticKind
+from spark_jobs.kinds.base import (
+    Frozen, Release, RunContext, StatisticConfigBase, StatisticKind, dplib_check, per_group_statistic,
+)
 
 ESTIMAND_MEAN = "mean over persons of each person's mean of {col} (persons weighted equally)"
 
@@ -132,6 +137,9 @@ class MeanKind(StatisticKind):
 
     config_model = MeanStatistic
 
+    def groupable(self, stat) -> bool:
+        return True
+
     def check_job(self, stat: MeanStatistic, cfg) -> None:
         if cfg.budget.delta == 0 and stat.options.scale is not None and stat.options.range_bound is None:
             raise ValueError(
@@ -153,7 +161,31 @@ class MeanKind(StatisticKind):
             coarse_fraction=opts.coarse_fraction,
         )
 
+    def grouped_plans(self, stat: MeanStatistic, cfg, fraction: float, l0: int):
+        """The scale-free mean per group shares its stage 1 (the magnitude range, which needs the
+        most persons) across groups: run once on one value per person with
+        ``SHARED_RANGE_SHARE`` of the groups' budget; each group runs stages 2-4 on its own
+        persons with the rest divided by L0. A declared ``options.scale``: no shared stage."""
+        if stat.options.scale is not None:
+            return super().grouped_plans(stat, cfg, fraction, l0)
+        shared = SharedRangePlan(budget=stat.budget(cfg).scaled(fraction * SHARED_RANGE_SHARE),
+                                 exponent_range=stat.options.exponent_range)
+        share = stat.share * fraction * (1.0 - SHARED_RANGE_SHARE) / l0
+        inner_stat = per_group_statistic(stat, share)
+        b = inner_stat.budget(cfg)
+        inner = ScaleFreeMeanPlan(budget=Budget(b.epsilon, b.delta), k=stat.options.k,
+                                  exponent_range=stat.options.exponent_range, shared_range=True)
+        return shared, inner, share
+
+    def run_shared(self, stat: MeanStatistic, plan, aggregates, ctx: RunContext):
+        return shared_magnitude_range(aggregates, stat.columns[0], plan, ctx.noise, ctx.accountant,
+                                      f"{stat.name}: all groups: ")
+
     def describe(self, name: str, plan) -> str:
+        if isinstance(plan, ScaleFreeMeanPlan) and plan.shared_range:
+            cap = "" if plan.k is None else f", tail nu capped at k={plan.k:g}"
+            return (f"  {name}: scale-free, range shared by all groups (found once on one value per person); "
+                    f"per group: 8% centre, 20% profile (at most), 5% tail balance, the rest to clip-and-noise{cap}")
         if isinstance(plan, UnivariateMeanPlan):
             return (f"  {name}: declared scale {plan.scale:g}: bin width r={plan.bin_width:.4g}, "
                     f"coarse error bound u={plan.coarse_error_bound:.4g}, k={plan.k:g}")
@@ -166,7 +198,8 @@ class MeanKind(StatisticKind):
         column = stat.columns[0]
         prefix = f"{stat.name}: "
         if isinstance(plan, ScaleFreeMeanPlan):
-            rel = scale_free_person_mean(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, prefix)
+            rel = scale_free_person_mean(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, prefix,
+                                         given_range=ctx.shared)
             algorithm, version = SF_ALGORITHM, SF_VERSION
         else:
             rel = univariate_person_mean(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, prefix)

@@ -66,6 +66,9 @@ class MultivariateMeanKind(StatisticKind):
 
     config_model = MultivariateMeanStatistic
 
+    def groupable(self, stat) -> bool:
+        return True
+
     def check_job(self, stat, cfg) -> None:
         if cfg.budget.delta == 0:
             raise ValueError("budget.delta must be > 0 for kind 'multivariate_mean' (an approximate-DP estimator)")

@@ -56,6 +56,9 @@ class QuantileKind(StatisticKind):
 
     config_model = QuantileStatistic
 
+    def groupable(self, stat) -> bool:
+        return True
+
     def plan(self, stat, cfg):
         return QuantilePlan(budget=stat.budget(cfg), q=stat.options.q, exponent_range=stat.options.exponent_range)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from dplib.aggregates import (
@@ -39,6 +40,12 @@ def exact_sums(df, terms, collect) -> tuple[int, list[int]]:
     aggs = [F.count(F.lit(1)).alias("n")] + [F.sum(t.cast("decimal(38,0)")).alias(f"s{i}") for i, t in enumerate(terms)]
     (row,) = collect(df.agg(*aggs))
     return int(row["n"]), [0 if row[f"s{i}"] is None else int(row[f"s{i}"]) for i in range(len(terms))]
+
+
+def param(x) -> Column:
+    """A parameter of an aggregation: a float literal, or (grouped statistics) a column of a
+    joined parameter table, one value per group: the same double arithmetic either way."""
+    return x if isinstance(x, Column) else F.lit(float(x))
 
 
 class SparkAggregates:
@@ -126,18 +133,20 @@ class SparkAggregates:
         return out
 
     @staticmethod
-    def _log_keys(df, columns: Sequence[str], centers: Sequence[float], edges: tuple[float, ...]):
+    def _log_keys(df, columns: Sequence[str], centers: Sequence, edges: tuple[float, ...], keep: Sequence[str] = ()):
         """``df`` projected to one log-magnitude bin column ``_k{j}`` per column (see ``log_histogram``).
 
         Three projections, so that each generated expression stays small (one nested expression
         over several columns outgrows Janino's method size and Spark falls back to interpreting
         it, with a stack trace in the log). ``floor(log2)`` is made exact against powers of two:
         the float log is off by at most one, corrected down or up, as in the numpy backend.
+        ``centers``: floats or parameter columns (:func:`param`); ``keep``: columns carried through.
         """
         bound = F.lit(VALUE_BOUND)
-        first = []
+        kept = [F.col(k) for k in keep]
+        first = list(kept)
         for j, (col, c) in enumerate(zip(columns, centers)):
-            x = F.least(F.greatest(qcol(col), -bound), bound) - F.lit(float(c))
+            x = F.least(F.greatest(qcol(col), -bound), bound) - param(c)
             a = F.abs(x)
             zero = a < F.lit(2.0**MIN_EXPONENT)
             first += [
@@ -146,7 +155,7 @@ class SparkAggregates:
                 F.signum(x).cast("long").alias(f"_g{j}"),
             ]
         df = df.select(*first)
-        second = []
+        second = list(kept)
         for j in range(len(columns)):
             safe = F.col(f"_s{j}")
             e0 = F.floor(F.log2(safe))
@@ -157,7 +166,7 @@ class SparkAggregates:
             )
             second += [safe, F.col(f"_z{j}"), F.col(f"_g{j}"), (e0 + adj).alias(f"_e{j}")]
         df = df.select(*second)
-        third = []
+        third = list(kept)
         n_sub = len(edges) + 1
         for j in range(len(columns)):
             e = F.col(f"_e{j}")
@@ -193,46 +202,49 @@ class SparkAggregates:
         pairs = [F.struct(F.lit(j).alias("j"), F.col(f"_k{j}").alias("bin")) for j in range(len(columns))]
         return self._multi(columns, group, pairs, df=keys)
 
-    def _deviations(self, columns: Sequence[str], c: np.ndarray, sc: np.ndarray | None, group: GroupRange):
+    def _deviations(self, columns: Sequence[str], c, sc, group: GroupRange, df=None, keep: Sequence[str] = ()):
         """``df`` of the (scaled, clamped) deviations ``_d{j}``: operation for operation
-        :func:`dplib.aggregates.scaled_deviations`."""
+        :func:`dplib.aggregates.scaled_deviations`. ``c``, ``sc``: floats or parameter columns."""
         bound = F.lit(VALUE_BOUND)
-        diffs = [F.least(F.greatest(qcol(col), -bound), bound) - F.lit(float(cj)) for col, cj in zip(columns, c)]
+        diffs = [F.least(F.greatest(qcol(col), -bound), bound) - param(cj) for col, cj in zip(columns, c)]
         if sc is not None:
             # clamped again, as dplib.aggregates.scaled_deviations: no overflow to inf
-            diffs = [F.least(F.greatest(d / F.lit(float(sj)), -bound), bound) for d, sj in zip(diffs, sc)]
-        return self._where(columns, group).select(*[d.alias(f"_d{j}") for j, d in enumerate(diffs)])
+            diffs = [F.least(F.greatest(d / param(sj), -bound), bound) for d, sj in zip(diffs, sc)]
+        df = self._where(columns, group) if df is None else df
+        return df.select(*keep, *[d.alias(f"_d{j}") for j, d in enumerate(diffs)])
 
     @classmethod
-    def _clipped(cls, df, d: int, radius: float):
+    def _clipped(cls, df, d: int, radius, keep: Sequence[str] = ()):
         """``df`` (columns ``_d{j}``) -> the clipped deviations ``_u{j}``, operation for operation
         :func:`dplib.aggregates.clip_deviations` (staged projections: deviations, then the clip
         factor, so that each generated expression stays small for large d)."""
-        rho = F.lit(float(radius))
+        rho = param(radius)
+        kept = [F.col(k) for k in keep]
         dcols = [F.col(f"_d{j}") for j in range(d)]
         if d == 1:
-            return df.select(F.least(F.greatest(dcols[0], -rho), rho).alias("_u0"))
-        df = cls._with_norm(df, d)
+            return df.select(*kept, F.least(F.greatest(dcols[0], -rho), rho).alias("_u0"))
+        df = cls._with_norm(df, d, keep)
         norm = F.col("_norm")
         factor = F.when(norm > rho, rho / F.when(norm > 0, norm).otherwise(F.lit(1.0))).otherwise(F.lit(1.0))
-        df = df.select(*dcols, factor.alias("_factor"))
-        return df.select(*[(x * F.col("_factor")).alias(f"_u{j}") for j, x in enumerate(dcols)])
+        df = df.select(*kept, *dcols, factor.alias("_factor"))
+        return df.select(*kept, *[(x * F.col("_factor")).alias(f"_u{j}") for j, x in enumerate(dcols)])
 
     @staticmethod
-    def _with_norm(df, d: int):
+    def _with_norm(df, d: int, keep: Sequence[str] = ()):
         """``df`` (columns ``_d{j}``) plus their l2 norm ``_norm``, as
         :func:`dplib.aggregates.deviation_norms` (staged projections: small generated code)."""
+        kept = [F.col(k) for k in keep]
         dcols = [F.col(f"_d{j}") for j in range(d)]
         if d == 1:
-            return df.select(*dcols, F.abs(dcols[0]).alias("_norm"))
-        df = df.select(*dcols, F.greatest(*[F.abs(x) for x in dcols]).alias("_scale"))
+            return df.select(*kept, *dcols, F.abs(dcols[0]).alias("_norm"))
+        df = df.select(*kept, *dcols, F.greatest(*[F.abs(x) for x in dcols]).alias("_scale"))
         scale = F.col("_scale")
         safe = F.when(scale > 0, scale).otherwise(F.lit(1.0))
         qs = [x / safe for x in dcols]
         acc = qs[0] * qs[0]
         for q in qs[1:]:  # left to right, as dplib.aggregates.deviation_norms
             acc = acc + q * q
-        return df.select(*dcols, (scale * F.sqrt(acc)).alias("_norm"))
+        return df.select(*kept, *dcols, (scale * F.sqrt(acc)).alias("_norm"))
 
     def norm_log_histogram(
         self,

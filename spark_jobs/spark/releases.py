@@ -22,6 +22,8 @@ def _spark_type(annotation) -> T.DataType:
         return _spark_type(args[0])
     if typing.get_origin(annotation) is list:
         return T.ArrayType(_spark_type(args[0]), False)
+    if typing.get_origin(annotation) is dict:
+        return T.MapType(_spark_type(args[0]), _spark_type(args[1]), False)
     return _SCALARS[annotation]
 
 

@@ -1,0 +1,179 @@
+"""Statistics per group (``group_by``): the plan, the accounting and the driver-side run.
+
+A grouped statistic releases one value per group key with the kind's own estimator, run once per
+group (:mod:`dplib.grouped`: every group's seam questions of one stage answered by one Spark
+aggregation). Its budget (the statistic's share of the job's) is spent as follows:
+
+- ``groups: {select: private}``: ``selection_share`` of it on Laplace partition selection over
+  the keys present in the data (:mod:`dplib.partitions`; per key (eps/L0, delta/L0)), before any
+  per-group stage; only the released keys get rows.
+- The rest is split evenly over the L0 bound: each group's estimator runs with
+  ``budget * (1 - selection_share) / L0`` (every one of its stages, as the ungrouped kind's plan
+  says, on that group's persons). A person contributes to at most L0 groups (the keyed-hash
+  choice of :mod:`spark_jobs.spark.grouping`) and the groups' estimators read disjoint
+  (person, group) summaries, so the person's privacy loss is at most L0 times a group's: the
+  statistic's budget, by basic composition. Every stage is per group: none is shared.
+
+The whole grouped cost is charged to the run's accountant before the first group draws noise
+(groups that stop early refund nothing: the charge is the plan's).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from dplib.budget import Accountant, Budget, Charge
+from dplib.grouped import GroupedAggregates, run_per_group
+from dplib.partitions import ALGORITHM as SELECTION_ALGORITHM
+from dplib.partitions import PartitionSelectionPlan, select_partitions
+from spark_jobs.kinds import Release, RunContext, StatisticConfigBase, kind_of
+from spark_jobs.kinds.base import per_group_statistic
+
+log = logging.getLogger("person_dp.grouping")
+
+
+@dataclass(frozen=True)
+class GroupedPlan:
+    """The public plan of a grouped statistic: the per-group plan, the L0 bound, the selection."""
+
+    inner: Any
+    shared: Any
+    l0: int
+    group_by: tuple[str, ...]
+    keys: tuple[tuple[str, ...], ...] | None
+    selection: PartitionSelectionPlan | None
+    group_budget: Budget
+    group_share: float
+
+    def charges(self, prefix: str = "") -> list[Charge]:
+        out = [] if self.selection is None else self.selection.charges(prefix)
+        if self.shared is not None:
+            out += self.shared.charges(prefix + "all groups: ")
+        for c in self.inner.charges(prefix):
+            stage = c.stage[len(prefix):] if c.stage.startswith(prefix) else c.stage
+            out.append(Charge(f"{prefix}per group x L0={self.l0}: {stage}",
+                              Budget(c.budget.epsilon * self.l0, min(c.budget.delta * self.l0, 0.999999)), c.group))
+        return out
+
+    def prepare(self, noise):
+        """What the per-group plan builds ahead (shared by every group: one public plan)."""
+        return self.inner.prepare(noise) if hasattr(self.inner, "prepare") else None
+
+    def describe(self) -> dict:
+        out = {
+            "group_by": list(self.group_by),
+            "max_groups_per_person": self.l0,
+            "group_epsilon": self.group_budget.epsilon,
+            "group_delta": self.group_budget.delta,
+            "group_selection": "public key set" if self.selection is None else "private",
+        }
+        if self.selection is not None:
+            out.update(self.selection.describe())
+        return out
+
+
+def statistic_plan(stat: StatisticConfigBase, cfg) -> Any:
+    """The public plan of one statistic from the config alone: the kind's plan, or for a
+    ``group_by`` statistic a :class:`GroupedPlan` around the kind's per-group plan."""
+    kind = kind_of(stat)
+    if stat.group_by is None:
+        return kind.plan(stat, cfg)
+    groups = stat.groups
+    l0 = int(stat.max_groups_per_person)
+    selection = None
+    rest = 1.0
+    if groups.select == "private":
+        sel_budget = stat.budget(cfg).scaled(groups.selection_share)
+        selection = PartitionSelectionPlan(sel_budget, l0)
+        rest = 1.0 - groups.selection_share
+    shared, inner, share = kind.grouped_plans(stat, cfg, rest, l0)
+    inner_stat = per_group_statistic(stat, share)
+    return GroupedPlan(inner=inner, shared=shared, l0=l0, group_by=tuple(stat.group_by), keys=groups.key_strings() and tuple(groups.key_strings()),
+                       selection=selection, group_budget=inner_stat.budget(cfg), group_share=share)
+
+
+def describe(stat: StatisticConfigBase, plan) -> str:
+    """The dry-run lines of one planned statistic."""
+    kind = kind_of(stat)
+    if not isinstance(plan, GroupedPlan):
+        return kind.describe(stat.name, plan)
+    how = (f"{len(plan.keys)} public keys" if plan.keys is not None else
+           f"keys selected privately (Laplace threshold {plan.selection.threshold:.3g} persons, "
+           f"per key epsilon={plan.selection.key_epsilon:.3g}, delta={plan.selection.key_delta:.3g})")
+    return (f"  {stat.name}: per group of ({', '.join(plan.group_by)}), {how}; each person in at most "
+            f"{plan.l0} groups; each group: epsilon={plan.group_budget.epsilon:.4g}, delta={plan.group_budget.delta:.3g}\n"
+            + kind.describe(stat.name + " (each group)", plan.inner))
+
+
+@dataclass
+class GroupRelease:
+    """One group's release: its key (``{column: value}``) and the kind's :class:`Release`."""
+
+    key: dict[str, str]
+    release: Release
+
+
+def run_grouped(
+    stat: StatisticConfigBase,
+    plan: GroupedPlan,
+    ctx: RunContext,
+    person_counts: Callable[[], dict[str, int]],
+    pooled: Callable[[], Any],
+    public_keys: Callable[[], list[str]],
+    backend_for: Callable[[list[str] | None], GroupedAggregates],
+    decode: Callable[[str], dict[str, str]],
+) -> list[GroupRelease]:
+    """Release one grouped statistic: charge its whole plan, select the keys (if private), run
+    the kind's estimator per group against the grouped seam, one aggregation per stage.
+
+    ``person_counts``, ``pooled`` (the seam over one value per person, for a shared stage),
+    ``public_keys``, ``backend_for`` and ``decode`` come from the grouped
+    input (:class:`spark_jobs.spark.grouping.SparkGroupedInput` or a numpy twin). Returns one
+    :class:`GroupRelease` per key (public keys: every listed key; private: the released keys).
+    """
+    kind = kind_of(stat)
+    prefix = f"{stat.name}: "
+    # the whole per-group cost before any noise (the selection and the shared stage charge
+    # their own stages, each before its noise)
+    own = [c for c in plan.charges(prefix) if c.stage.startswith(prefix + "per group")]
+    ctx.accountant.check(plan.charges(prefix))
+    for c in own:
+        ctx.accountant.charge(c.stage, c.budget, c.group)
+    if plan.selection is not None:
+        counts = person_counts()
+        keys = sorted(select_partitions(counts, plan.selection, ctx.noise, ctx.accountant, prefix))
+        del counts
+        log.info("statistic %s: %d group key(s) released by private selection", stat.name, len(keys))
+        backend = backend_for(keys)
+    else:
+        keys = public_keys()
+        backend = backend_for(None)
+    inner_stat = per_group_statistic(stat, plan.group_share)
+    shared = None
+    if plan.shared is not None:
+        shared = kind.run_shared(stat, plan.shared, pooled(), ctx)
+
+    def body(gid, proxy):
+        gctx = RunContext(cfg=ctx.cfg, records=None, summary=None, aggregates=proxy, salt=ctx.salt, noise=ctx.noise,
+                          accountant=Accountant(plan.group_budget), prepared=ctx.prepared, shared=shared)
+        return kind.run(inner_stat, plan.inner, gctx)
+
+    def progress(line: str) -> None:
+        log.info("statistic %s: %s", stat.name, line)
+
+    run = run_per_group(list(range(len(keys))), body, backend, progress=progress)
+    extra = {**plan.describe(), "statistic_epsilon": stat.budget(ctx.cfg).epsilon,
+             "statistic_delta": stat.budget(ctx.cfg).delta}
+    out = []
+    for gid, key in enumerate(keys):
+        rel: Release = run.results[gid]
+        rel = Release(**{**rel.__dict__, "parameters": {**rel.parameters, **extra}})
+        out.append(GroupRelease(decode(key), rel))
+    log.info("statistic %s: %d group(s) released in %d aggregation(s)", stat.name, len(out), run.batches)
+    return out
+
+
+__all__ = ["GroupedPlan", "GroupRelease", "SELECTION_ALGORITHM", "describe", "per_group_statistic", "run_grouped",
+           "statistic_plan"]
