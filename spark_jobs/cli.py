@@ -65,7 +65,7 @@ DEFAULT_LEDGER = "build/releases/privacy_ledger"
 
 
 def _print_release(result) -> None:
-    from spark_jobs.query import coordinate_labels, matrix_lines  # lazy: see main() (missing extras)
+    from spark_jobs.query import coordinate_labels, matrix_lines, statistic_label  # lazy: see main() (missing extras)
 
     if result.reused:
         print(f"\nrun {result.run_id} had already released: the stored release, nothing spent now")
@@ -78,14 +78,14 @@ def _print_release(result) -> None:
         if r.status == "OK":
             level = f"({int(r.error_level * 100)}% error bar)"
             if matrix_lines(r):
-                print(f"  {r.statistic} ({' x '.join(str(x) for x in r.estimate_shape)}):")
+                print(f"  {statistic_label(r)} ({' x '.join(str(x) for x in r.estimate_shape)}):")
                 for line in matrix_lines(r):
                     print(f"      {line}")
             elif len(r.estimate) == 1:
                 bar = "no error bar" if r.error_bar is None else f"+/- {r.error_bar[0]:.4f} {level}"
-                print(f"  {r.statistic}: {r.estimate[0]:.4f} {bar}")
+                print(f"  {statistic_label(r)}: {r.estimate[0]:.4f} {bar}")
             else:
-                print(f"  {r.statistic}:")
+                print(f"  {statistic_label(r)}:")
                 # a distribution's coordinates are its public categories (+ OTHER)
                 labels = coordinate_labels(r)
                 for j, (col, est) in enumerate(zip(labels, r.estimate)):
@@ -98,7 +98,7 @@ def _print_release(result) -> None:
             else:
                 print(f"      the bar covers {r.error_covers}")
         else:
-            print(f"  {r.statistic}: {r.status}: {_why_no_bar(r.error_covers)}")
+            print(f"  {statistic_label(r)}: {r.status}: {_why_no_bar(r.error_covers)}")
         print(f"      estimand: {r.estimand}; epsilon={r.epsilon:.4g}, delta={r.delta:.3g}")
 
 

@@ -36,7 +36,7 @@ from spark_jobs.kinds import Release, RunContext, StatisticConfigBase, kind_of
 from spark_jobs.ledger import Ledger
 from spark_jobs.paths import absolute
 from spark_jobs.provenance import code_version
-from spark_jobs.release import ReleaseRow, to_json
+from spark_jobs.release import RELEASES_LONG_TABLE, RELEASES_TABLE, ReleaseRow, to_json
 
 log = logging.getLogger("person_dp.job")
 
@@ -197,6 +197,29 @@ def release_row(cfg: JobConfig, stat: StatisticConfigBase, rel: Release, *, run_
         flagged=bool(parameters["tail_flag"]) if "tail_flag" in parameters else None,
         group_key=group_key,
     )
+
+
+def sync_long_table(spark, output_path: str) -> int:
+    """Write the ``releases_long`` rows of every run in ``releases`` that has none yet (the run
+    just committed, and any whose long rows a crash lost). Returns the number of runs written."""
+    from spark_jobs.spark.releases import write_long  # lazy: Spark
+
+    base = output_path.rstrip("/")
+    table = f"{base}/{RELEASES_TABLE}"
+    try:
+        released = set(read_delta(table, None, ["run_id"]).column("run_id").to_pylist())
+    except FileNotFoundError:
+        return 0
+    try:
+        done = set(read_delta(f"{base}/{RELEASES_LONG_TABLE}", None, ["run_id"]).column("run_id").to_pylist())
+    except FileNotFoundError:
+        done = set()
+    missing = sorted(released - done)
+    rows = [r for rid in missing for r in stored_release(table, rid)]
+    if rows:
+        write_long(spark, rows, output_path)
+        log.info("releases_long: %d run(s) written", len(missing))
+    return len(missing)
 
 
 def _run_grouped(cfg, stat, plan, ctx, records, salt, label_columns, input_cls, decode_key) -> list[GroupRelease]:
@@ -368,6 +391,11 @@ def run_job(
         point("before_release_commit")
         table = write_releases(spark, rows, output_path)
         point("after_release_commit")
+        try:  # derived from the committed releases: a failure here loses nothing (rebuilt next run)
+            sync_long_table(spark, output_path)
+        except Exception as err:  # noqa: BLE001 - reported, and repaired by the next run
+            log.error("releases_long not updated (%s); the next run of a job writing to %s rebuilds it",
+                      type(err).__name__, output_path)
     finally:
         if summary is not None:
             summary.unpersist()

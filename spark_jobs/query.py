@@ -17,7 +17,7 @@ from pathlib import Path
 from spark_jobs.delta import read_delta  # noqa: F401  (re-exported: the public reader)
 from spark_jobs.ledger import Ledger
 
-RELEASE_COLUMNS = ["run_id", "created_at", "job_name", "statistic", "status", "flagged", "estimate",
+RELEASE_COLUMNS = ["run_id", "created_at", "job_name", "statistic", "group_key", "status", "flagged", "estimate",
                    "error_bar", "error_level", "epsilon", "delta", "algorithm"]
 
 
@@ -33,7 +33,31 @@ def read_releases(table: str, run_id: str | None = None) -> list[dict]:
         rows = read_delta(table, {"run_id": run_id} if run_id else None).to_pylist()
     except FileNotFoundError as err:
         raise FileNotFoundError(f"no releases table at {table}") from err
-    return sorted(rows, key=lambda r: (r["created_at"], r["statistic"]), reverse=True)
+    for r in rows:
+        r["group_key"] = group_key_of(r)
+    return sorted(rows, key=lambda r: (r["created_at"], r["statistic"], group_label(r)), reverse=True)
+
+
+def group_key_of(row) -> dict | None:
+    """A row's ``group_key`` as a dict (arrow reads a map as (key, value) pairs; rows written
+    before the column existed have none)."""
+    g = row.get("group_key") if isinstance(row, dict) else getattr(row, "group_key", None)
+    if g is None:
+        return None
+    return dict(g) if isinstance(g, list) else g
+
+
+def group_label(row) -> str:
+    """``origin=JFK, month=1`` for a grouped row; "" for an ungrouped one."""
+    g = group_key_of(row)
+    return "" if not g else ", ".join(f"{k}={v}" for k, v in g.items())
+
+
+def statistic_label(row) -> str:
+    """The statistic's name, with its group for a grouped row: ``arr_delay_by_origin[origin=JFK]``."""
+    name = row["statistic"] if isinstance(row, dict) else row.statistic
+    label = group_label(row)
+    return f"{name}[{label}]" if label else name
 
 
 def _cell(v) -> str:
@@ -43,6 +67,8 @@ def _cell(v) -> str:
         return f"{v:.6g}"
     if isinstance(v, list):
         return ";".join(_cell(x) for x in v)
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={x}" for k, x in v.items())
     return str(v)
 
 
@@ -215,14 +241,14 @@ def _not_released(r: dict) -> str:
 
 
 def _section(r: dict, pngs: list[Path], earlier: list[dict]) -> str:
-    imgs = "".join(f"<img src='{p.name}' alt='{html.escape(r['statistic'])}'>" for p in pngs)
+    imgs = "".join(f"<img src='{p.name}' alt='{html.escape(statistic_label(r))}'>" for p in pngs)
     ok = r["status"] == "OK" and bool(r["estimate"])
     flag = (
         "<p class='fail'><b>Flagged:</b> the error bar rests on a tail assumption the release's own DP "
         "checks could not confirm; it may be too narrow.</p>" if r.get("flagged") else ""
     )
     return (
-        f"<section><h2>{html.escape(r['statistic'])}</h2>"
+        f"<section><h2>{html.escape(statistic_label(r))}</h2>"
         + (_numbers_table(r) if ok else _not_released(r))
         + flag + imgs
         + f"<p><b>{html.escape(r['status'])}</b> &middot; estimand: {html.escape(r['estimand'])}</p>"
@@ -260,10 +286,10 @@ def write_report(table: str, out_dir: str, run_id: str | None = None) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     parts = []
-    for r in sorted(rows, key=lambda r: r["statistic"]):
+    for r in sorted(rows, key=lambda r: (r["statistic"], group_label(r))):
         earlier = [h for h in everything if h["job_name"] == r["job_name"] and h["statistic"] == r["statistic"]
-                   and h["created_at"] < r["created_at"]]
-        base = _safe_name(r["statistic"])
+                   and group_label(h) == group_label(r) and h["created_at"] < r["created_at"]]
+        base = _safe_name(statistic_label(r))
         pngs: list[Path] = []
         ok = r["status"] == "OK" and bool(r["estimate"])
         if ok and matrix_lines(r):
@@ -278,7 +304,7 @@ def write_report(table: str, out_dir: str, run_id: str | None = None) -> Path:
             for i in range(rows_n):
                 for j in range(cols_n):
                     ax.text(j, i, f"{mat[i][j]:.3g}", ha="center", va="center", fontsize=8)
-            ax.set_title(r["statistic"], fontsize=10)
+            ax.set_title(statistic_label(r), fontsize=10)
             fig.tight_layout()
             pngs.append(out / f"{base}.png")
             fig.savefig(pngs[-1], dpi=110)
@@ -291,7 +317,7 @@ def write_report(table: str, out_dir: str, run_id: str | None = None) -> Path:
             ax.errorbar(r["estimate"], ys, xerr=[bars, bars], fmt="o", capsize=5, color="#1f5fa8")
             ax.set_yticks(ys, [str(c) for c in coordinate_labels(r)])
             ax.set_xlabel("share of the person-level distribution")
-            ax.set_title(f"{r['statistic']} ({int(round(r['error_level'] * 100))}% bars)", fontsize=10)
+            ax.set_title(f"{statistic_label(r)} ({int(round(r['error_level'] * 100))}% bars)", fontsize=10)
             fig.tight_layout()
             pngs.append(out / f"{base}.png")
             fig.savefig(pngs[-1], dpi=110)

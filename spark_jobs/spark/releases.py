@@ -8,7 +8,9 @@ from dataclasses import asdict, fields
 
 from pyspark.sql import types as T
 
-from spark_jobs.release import NULLABLE, RELEASES_TABLE, ReleaseRow
+from spark_jobs.release import (
+    LONG_NULLABLE, NULLABLE, RELEASES_LONG_TABLE, RELEASES_TABLE, LongRow, ReleaseRow, long_rows,
+)
 
 _SCALARS = {str: T.StringType(), int: T.LongType(), float: T.DoubleType(), bool: T.BooleanType(),
             dt.datetime: T.TimestampType()}
@@ -27,15 +29,37 @@ def _spark_type(annotation) -> T.DataType:
     return _SCALARS[annotation]
 
 
-def release_schema() -> T.StructType:
-    """The Spark schema of the ``releases`` table, derived from :class:`ReleaseRow`."""
-    hints = typing.get_type_hints(ReleaseRow)
+def _schema(cls, nullable) -> T.StructType:
+    hints = typing.get_type_hints(cls)
     return T.StructType(
         [
-            T.StructField(f.name, _OVERRIDES.get(f.name) or _spark_type(hints[f.name]), f.name in NULLABLE)
-            for f in fields(ReleaseRow)
+            T.StructField(f.name, _OVERRIDES.get(f.name) or _spark_type(hints[f.name]), f.name in nullable)
+            for f in fields(cls)
         ]
     )
+
+
+def release_schema() -> T.StructType:
+    """The Spark schema of the ``releases`` table, derived from :class:`ReleaseRow`."""
+    return _schema(ReleaseRow, NULLABLE)
+
+
+def long_schema() -> T.StructType:
+    """The Spark schema of the ``releases_long`` table, derived from :class:`LongRow`."""
+    return _schema(LongRow, LONG_NULLABLE)
+
+
+def write_long(spark, rows: list[ReleaseRow], output_path: str) -> str | None:
+    """Append the long-format rows of ``rows`` to ``<output_path>/releases_long`` (one Delta
+    commit; derived from the releases, so a crash before it loses nothing:
+    :func:`spark_jobs.job.sync_long_table` rebuilds missing runs). Returns the table path."""
+    if not rows:
+        return None
+    table = output_path.rstrip("/") + "/" + RELEASES_LONG_TABLE
+    data = [tuple(asdict(r).values()) for r in long_rows(rows)]
+    df = spark.createDataFrame(data, schema=long_schema()).coalesce(1)
+    df.write.format("delta").mode("append").option("mergeSchema", "true").save(table)
+    return table
 
 
 def write_releases(spark, rows: list[ReleaseRow], output_path: str) -> str:
