@@ -1,0 +1,116 @@
+"""Grouped statistics end to end through the PRODUCTION noise source (``production_noise()``):
+per-group mean, quantile and count; a public key set with a key nobody holds; private partition
+selection that releases the well-populated keys and not a key of one person; the rows' group
+keys; the grouped cost in the plan and the spend; and the long-format table queried from Spark
+SQL, DuckDB and delta-rs."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+
+from dplib.mechanisms import SecureNoise
+from spark_jobs.config import parse_config
+from spark_jobs.delta import read_delta
+from spark_jobs.job import plan_job, run_job
+
+pytestmark = pytest.mark.spark
+
+N_PERSONS = 3000
+GROUP_MEANS = {"A": 10.0, "B": -4.0, "C": 100.0}
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """Persons in 1-3 of the origins A, B, C (3-6 records in each); the value's person mean in
+    origin o is GROUP_MEANS[o] + N(0, 2^2). One person also holds origin Z (the singleton key)."""
+    rng = np.random.default_rng(3)  # the data only; the releases' noise is not seeded
+    rows = []
+    for p in range(N_PERSONS):
+        for o in rng.choice(list(GROUP_MEANS), int(rng.integers(1, 4)), replace=False):
+            mu = GROUP_MEANS[o] + rng.normal(0, 2.0)
+            for _ in range(int(rng.integers(3, 7))):
+                rows.append((f"p{p}", str(o), mu + rng.normal(0, 1.0)))
+    rows.append(("p0", "Z", 5.0))
+    pdf = pd.DataFrame(rows, columns=["pid", "origin", "x"])
+    path = tmp_path_factory.mktemp("grouped") / "records.parquet"
+    pdf.to_parquet(path, index=False)
+    person = pdf.groupby(["origin", "pid"])["x"].mean()
+    truth = {o: (float(person[o].mean()), float(person[o].median()), int(person[o].size)) for o in GROUP_MEANS}
+    return str(path), truth
+
+
+def test_grouped_job_production_noise(spark, records, tmp_path):
+    path, truth = records
+    grouped = {"group_by": ["origin"], "max_groups_per_person": 3}
+    cfg = parse_config({
+        "job_name": "grouped-production",
+        "input": {"path": path, "format": "parquet"},
+        "privacy_unit": {"column": "pid"},
+        "budget": {"epsilon": 9.0, "delta": 1e-6},
+        "statistics": [
+            {"name": "mean_by_origin", "kind": "mean", "columns": ["x"], "share": 1 / 3, **grouped,
+             "groups": {"keys": [["A"], ["B"], ["C"], ["D"]]}},
+            {"name": "median_by_origin", "kind": "quantile", "columns": ["x"], "share": 1 / 3, **grouped,
+             "options": {"q": 0.5}, "groups": {"keys": [["A"], ["B"], ["C"]]}},
+            {"name": "persons_by_origin", "kind": "count", "columns": ["x"], "share": 1 / 3, **grouped,
+             "groups": {"select": "private"}},
+        ],
+        "output": {"path": str(tmp_path)},
+        "ledger": {"enabled": False},
+    })
+    plan = plan_job(cfg)
+    # every grouped stage shows the L0 multiplier; the composed cost is the budget
+    assert any("per group x L0=3" in c.stage for c in plan.charges)
+    assert any(c.stage == "persons_by_origin: partition selection" for c in plan.charges)
+    assert plan.cost[0] == pytest.approx(9.0)
+    result = run_job(cfg, spark=spark)  # production noise
+    # everything but the shared range's retry (run only if its first run released nothing:
+    # 5/6 of the mean's shared 24% of its 3.0)
+    retry = next(c.budget.epsilon for c in plan.charges if c.stage == "mean_by_origin: all groups: magnitude range (retry)")
+    assert retry == pytest.approx(3.0 * 0.24 * 5 / 6)
+    assert plan.cost[0] - retry - 1e-9 <= result.epsilon_spent <= plan.cost[0] + 1e-9
+    rows = {(r.statistic, json.dumps(r.group_key)): r for r in result.rows}
+    for r in result.rows:
+        assert r.noise_source == SecureNoise.name
+    # public keys: every listed key has a row, D (no persons) through the same DP path
+    means = {r.group_key["origin"]: r for r in result.rows if r.statistic == "mean_by_origin"}
+    assert set(means) == {"A", "B", "C", "D"}
+    for o, (mean, median, n) in truth.items():
+        r = means[o]
+        assert r.status == "OK", o
+        assert abs(r.estimate[0] - mean) <= 0.5, (o, r.estimate, mean)
+        assert r.error_bar[0] > 0
+        p = json.loads(r.parameters)
+        assert p["max_groups_per_person"] == 3 and p["group_selection"] == "public key set"
+    assert means["D"].status in {"OK", "INSUFFICIENT_DATA"}
+    medians = {r.group_key["origin"]: r for r in result.rows if r.statistic == "median_by_origin"}
+    for o, (mean, median, n) in truth.items():
+        assert medians[o].status == "OK" and abs(medians[o].estimate[0] - median) <= 1.0, o
+    # private selection: the three populated keys are released (their counts are far above the
+    # threshold); Z, held by one person, only with probability delta/L0 = 3.3e-8
+    counts = {r.group_key["origin"]: r for r in result.rows if r.statistic == "persons_by_origin"}
+    assert set(counts) == {"A", "B", "C"}
+    for o, (mean, median, n) in truth.items():
+        assert abs(counts[o].estimate[0] - n) <= 40, o  # Laplace scale 1/(3 x 0.9 / 3)... ~1.1 persons
+    assert len(rows) == len(result.rows)
+
+    # the long-format table: one row per statistic x group x coordinate
+    long_path = str(tmp_path / "releases_long")
+    spark.read.format("delta").load(long_path).createOrReplaceTempView("releases_long_t")
+    got = spark.sql("SELECT value, error_bar FROM releases_long_t WHERE statistic = 'mean_by_origin' "
+                    "AND group_key['origin'] = 'C'").collect()
+    assert len(got) == 1 and got[0]["value"] == means["C"].estimate[0]
+    table = read_delta(long_path)  # delta-rs
+    assert table.num_rows == len(result.rows)
+    con = duckdb.connect()
+    con.register("releases_long", table)
+    (value,) = con.execute("SELECT value FROM releases_long WHERE statistic = 'median_by_origin' "
+                           "AND group_key['origin'] = 'A'").fetchone()
+    assert value == medians["A"].estimate[0]
+    (n_long,) = con.execute("SELECT count(*) FROM releases_long WHERE group_key['origin'] = 'D'").fetchone()
+    assert n_long == 1

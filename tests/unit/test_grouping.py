@@ -1,0 +1,247 @@
+"""Grouped statistics without Spark: the greenlet scheduler (each group's release equals the
+ungrouped estimator's on that group's persons with the same noise, in as many batched calls as one
+group has stages), Laplace partition selection (closed form, and a seeded statistical test with a
+power check of the singleton-key release probability), the grouped plan's accounting, the config
+rules, and the long-format rows."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dplib.aggregates import NumpyAggregates
+from dplib.budget import Accountant, Budget, composed_cost
+from dplib.count import PersonCountPlan, person_count
+from dplib.errors import ConfigError, InvalidParameterError
+from dplib.grouped import NumpyGroupedAggregates, run_per_group
+from dplib.groups import ALL_PERSONS
+from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
+from dplib.mechanisms import SeededNoise
+from dplib.partitions import PartitionSelectionPlan, select_partitions
+from dplib.quantile import QuantilePlan, person_quantile
+from spark_jobs.config import parse_config
+from spark_jobs.grouping import GroupedPlan, statistic_plan
+from spark_jobs.release import ReleaseRow, coordinate_names, long_rows
+
+
+def _backends(seed=1, sizes=(4000, 2500, 300, 0)):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for g, n in enumerate(sizes):
+        out[g] = NumpyAggregates({"x": rng.normal(10 * g, 1 + g, n)}, rng.integers(0, 2**32, n))
+    return out
+
+
+class _Recording:
+    """A numpy grouped backend that counts batches and the groups in each."""
+
+    def __init__(self, backends):
+        self.inner = NumpyGroupedAggregates(backends)
+        self.sizes = []
+
+    def answer(self, method, static, per_group):
+        self.sizes.append(len(per_group))
+        return self.inner.answer(method, static, per_group)
+
+
+@pytest.mark.parametrize("which", ["mean", "quantile", "count"])
+def test_each_group_gets_the_ungrouped_release(which):
+    backs = _backends()
+    if which == "mean":
+        plan = ScaleFreeMeanPlan(budget=Budget(1.0, 1e-6))
+
+        def run(agg, noise):
+            return scale_free_person_mean(agg, "x", plan, noise)
+    elif which == "quantile":
+        plan = QuantilePlan(budget=Budget(1.0), q=0.5)
+
+        def run(agg, noise):
+            return person_quantile(agg, "x", plan, noise)
+    else:
+        plan = PersonCountPlan(budget=Budget(0.5))
+
+        def run(agg, noise):
+            return person_count(agg, ["x"], plan, noise, Accountant(plan.budget))
+    rec = _Recording(backs)
+    got = run_per_group(list(backs), lambda g, agg: run(agg, SeededNoise(100 + g)), rec)
+    for g, b in backs.items():
+        direct = run(b, SeededNoise(100 + g))
+        assert got.results[g].status == direct.status
+        assert got.results[g].estimate == direct.estimate  # same answers, same noise: identical
+    # batched: the groups share calls (never one call per group per stage)
+    assert got.batches == len(rec.sizes) < len(backs) * len(rec.sizes)
+    assert max(rec.sizes) == len(backs)
+    if which == "count":
+        assert rec.sizes == [len(backs)]
+
+
+def test_a_failing_group_stops_the_run():
+    backs = _backends(sizes=(100, 100))
+
+    def body(g, agg):
+        if g == 1:
+            agg.count(["nope"], ALL_PERSONS)
+        return agg.count(["x"], ALL_PERSONS)
+
+    with pytest.raises(InvalidParameterError, match="unknown column"):
+        run_per_group([0, 1], body, NumpyGroupedAggregates(backs))
+
+
+# --- partition selection -------------------------------------------------------------------
+
+
+def test_threshold_closed_form():
+    plan = PartitionSelectionPlan(Budget(1.0, 1e-5), l0=4)
+    eps1, delta1 = 0.25, 2.5e-6
+    assert plan.threshold == pytest.approx(1 + math.log(1 / (2 * delta1)) / eps1)
+    # a key of one person passes with probability delta' exactly; of far more persons, surely
+    assert plan.release_probability(1) == pytest.approx(delta1, rel=1e-12)
+    assert plan.release_probability(int(plan.threshold) + 200) > 0.999999
+    with pytest.raises(InvalidParameterError, match="delta > 0"):
+        PartitionSelectionPlan(Budget(1.0, 0.0), l0=1)
+    with pytest.raises(InvalidParameterError, match="max_groups_per_person"):
+        PartitionSelectionPlan(Budget(1.0, 1e-6), l0=0)
+
+
+def test_singleton_keys_released_with_probability_delta_over_l0():
+    """One person holding L0 unique keys: each is released with probability delta/L0, so any of
+    them with at most delta. Seeded: the observed per-key rate is within a 99.9% binomial interval of
+    delta/L0, and the test has the power to see the bug of a threshold calibrated to delta (not
+    delta/L0), whose rate is L0 times higher."""
+    l0, delta = 5, 0.05
+    plan = PartitionSelectionPlan(Budget(1.0, delta), l0=l0)
+    trials = 40_000
+    counts = {i: 1 for i in range(trials * l0)}  # trials x L0 singleton keys
+    released = select_partitions(counts, plan, SeededNoise(7))
+    rate = len(released) / (trials * l0)
+    p = delta / l0
+    lo, hi = stats.binom.ppf([0.0005, 0.9995], trials * l0, p) / (trials * l0)
+    assert lo <= rate <= hi
+    # per person: any of its L0 keys, at most delta
+    per_person = np.zeros(trials, bool)
+    for k in released:
+        per_person[k // l0] = True
+    assert per_person.mean() <= delta * 1.05
+    # power: the wrong calibration (delta instead of delta / L0 per key) releases at rate delta
+    # = 5x, far outside the interval
+    assert delta > hi * 3
+
+
+def test_selection_charges_before_noise():
+    plan = PartitionSelectionPlan(Budget(0.2, 1e-6), l0=2)
+    acc = Accountant(Budget(0.1, 1e-6))
+    with pytest.raises(Exception, match="over the limit"):
+        select_partitions({"a": 10_000}, plan, SeededNoise(0), acc)
+    acc = Accountant(Budget(1.0, 1e-6))
+    assert select_partitions({"a": 10_000, "b": 1}, plan, SeededNoise(0), acc) == ["a"]
+    assert composed_cost(acc.charges) == pytest.approx((0.2, 1e-6))
+
+
+# --- the grouped plan and the config -------------------------------------------------------
+
+
+def _cfg(stat, delta=1e-6):
+    return parse_config({
+        "job_name": "g", "input": {"path": "x.parquet", "format": "parquet"}, "privacy_unit": {"column": "pid"},
+        "budget": {"epsilon": 2.0, "delta": delta}, "statistics": [{"name": "s", "share": 0.5, **stat}],
+        "output": {"path": "out"}, "ledger": {"enabled": False},
+    })
+
+
+GROUPED = {"group_by": ["origin"], "max_groups_per_person": 4}
+
+
+@pytest.mark.parametrize("kind,opts", [("mean", {}), ("count", {}), ("quantile", {"q": 0.9}),
+                                       ("multivariate_mean", {})])
+@pytest.mark.parametrize("groups", [{"keys": [["a"], ["b"]]}, {"select": "private", "selection_share": 0.2}])
+def test_grouped_cost_is_the_statistics_budget(kind, opts, groups):
+    cols = ["x", "y"] if kind == "multivariate_mean" else ["x"]
+    cfg = _cfg({"kind": kind, "columns": cols, "options": opts, "groups": groups, **GROUPED})
+    stat = cfg.statistics[0]
+    plan = statistic_plan(stat, cfg)
+    assert isinstance(plan, GroupedPlan) and plan.l0 == 4
+    eps, delta = composed_cost(plan.charges("s: "))
+    assert eps == pytest.approx(1.0)  # the statistic's share of epsilon = 2
+    assert delta <= 0.5e-6 * (1 + 1e-9)
+    per = [c for c in plan.charges("s: ") if "per group x L0=4" in c.stage]
+    inner = composed_cost(plan.inner.charges())
+    assert sum(c.budget.epsilon for c in per) == pytest.approx(4 * inner[0])
+    if kind == "mean":  # the range is found once for all groups
+        assert [c.stage for c in plan.charges("s: ") if "all groups" in c.stage] == [
+            "s: all groups: magnitude range", "s: all groups: magnitude range (retry)"]
+    if "select" in groups:
+        sel = plan.charges("s: ")[0]
+        assert sel.stage == "s: partition selection" and sel.budget.epsilon == pytest.approx(0.2)
+
+
+def test_ungrouped_config_hash_unchanged_by_the_new_fields():
+    cfg = _cfg({"kind": "mean", "columns": ["x"]})
+    dumped = cfg.model_dump(mode="json")["statistics"][0]
+    assert "group_by" not in dumped and "groups" not in dumped and "max_groups_per_person" not in dumped
+
+
+@pytest.mark.parametrize("stat,msg", [
+    ({"kind": "mean", "columns": ["x"], "group_by": ["o"]}, "needs groups"),
+    ({"kind": "mean", "columns": ["x"], "group_by": ["o"], "groups": {"keys": [["a"]]}}, "max_groups_per_person"),
+    ({"kind": "mean", "columns": ["x"], "groups": {"keys": [["a"]]}}, "need group_by"),
+    ({"kind": "mean", "columns": ["x"], **GROUPED, "groups": {"keys": [["a", "b"]]}}, "one value per group_by column"),
+    ({"kind": "mean", "columns": ["x"], **GROUPED, "groups": {"keys": [["a"], ["a"]]}}, "distinct"),
+    ({"kind": "mean", "columns": ["x"], **GROUPED, "groups": {}}, "exactly one of"),
+    ({"kind": "mean", "columns": ["x"], **GROUPED, "groups": {"keys": [["a"]], "selection_share": 0.3}}, "selection_share"),
+    ({"kind": "mean", "columns": ["x"], "group_by": ["o"], "max_groups_per_person": 0, "groups": {"keys": [["a"]]}},
+     "max_groups_per_person"),
+    ({"kind": "mean", "columns": ["x"], "group_by": ["x"], "max_groups_per_person": 1, "groups": {"keys": [["a"]]}},
+     "also value columns"),
+    ({"kind": "mean", "columns": ["x"], "group_by": ["pid"], "max_groups_per_person": 1, "groups": {"keys": [["a"]]}},
+     "privacy unit"),
+    ({"kind": "distribution", "columns": ["c"], "options": {"categories": ["a"]}, **GROUPED,
+      "groups": {"keys": [["a"]]}}, "cannot be released per group"),
+])
+def test_config_refusals(stat, msg):
+    with pytest.raises(ConfigError, match=msg):
+        _cfg(stat)
+
+
+def test_private_selection_needs_delta():
+    with pytest.raises(ConfigError, match="needs budget.delta > 0"):
+        _cfg({"kind": "count", "columns": ["x"], **GROUPED, "groups": {"select": "private"}}, delta=0.0)
+
+
+# --- long format ---------------------------------------------------------------------------
+
+
+def _row(**kw):
+    import datetime as dt
+    base = dict(run_id="r", job_name="j", dataset="d", input_path="p", input_format="parquet",
+                input_delta_version=None, input_fingerprint=None, privacy_unit="pid", statistic="s", kind="mean",
+                columns=["x"], estimand="e", algorithm="a", algorithm_version="1", status="OK", estimate=[1.5],
+                estimate_shape=[1], epsilon=1.0, delta=0.0, neighbouring="n", noise_scale=1.0, noise_source="ns",
+                error_bar=[0.5], error_level=0.9, error_covers="c", parameters="{}", config_hash="h", code_version="v",
+                created_at=dt.datetime(2026, 1, 1), group_key={"origin": "JFK"})
+    base.update(kw)
+    return ReleaseRow(**base)
+
+
+def test_long_rows():
+    rows = long_rows([
+        _row(),
+        _row(statistic="cov", kind="covariance", columns=["a", "b"], estimate=[1.0, 0.5, 0.5, 2.0],
+             estimate_shape=[2, 2], error_bar=None, group_key=None),
+        _row(statistic="n", kind="count", columns=["a", "b"], estimate=None, status="INSUFFICIENT_DATA",
+             error_bar=None),
+        _row(statistic="dist", kind="distribution", columns=["c"], estimate=[0.7, 0.3], estimate_shape=[2],
+             error_bar=[0.1, 0.1], parameters='{"categories": ["a", "OTHER"]}'),
+    ])
+    got = [(r.statistic, r.coordinate, r.coordinate_index, r.value, r.error_bar, r.group_key) for r in rows]
+    assert got == [
+        ("s", "x", 0, 1.5, 0.5, {"origin": "JFK"}),
+        ("cov", "a,a", 0, 1.0, None, None), ("cov", "a,b", 1, 0.5, None, None),
+        ("cov", "b,a", 2, 0.5, None, None), ("cov", "b,b", 3, 2.0, None, None),
+        ("n", "a,b", 0, None, None, {"origin": "JFK"}),
+        ("dist", "a", 0, 0.7, 0.1, {"origin": "JFK"}), ("dist", "OTHER", 1, 0.3, 0.1, {"origin": "JFK"}),
+    ]
+    assert coordinate_names(_row(statistic="g", kind="gaussian", columns=["a", "b"], estimate_shape=[3, 2])) == [
+        "mean,a", "mean,b", "a,a", "a,b", "b,a", "b,b"]
