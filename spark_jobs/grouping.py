@@ -177,3 +177,106 @@ def run_grouped(
 
 __all__ = ["GroupedPlan", "GroupRelease", "SELECTION_ALGORITHM", "describe", "per_group_statistic", "run_grouped",
            "statistic_plan"]
+
+
+class NumpyGroupedInput:
+    """The numpy twin of :class:`spark_jobs.spark.grouping.SparkGroupedInput` (tests, benchmarks):
+    per-(person, key) summaries given as arrays, the same keyed-hash L0 bound (hashlib), the
+    same per-key person counts, pooled view and grouped seam.
+
+    Parameters
+    ----------
+    persons : sequence of str
+        The person id of each (person, key) row (at most one row per pair).
+    keys : sequence of str
+        The group key of each row, as the key's JSON (``'["JFK"]'``, :func:`key_json`).
+    values : mapping column -> ndarray
+        The person's mean of each column within the key (NaN: no value).
+    salt_hex : str
+    l0 : int
+    public : list of str, optional
+        The public key set (JSON keys); rows of other keys are dropped first.
+    """
+
+    def __init__(self, persons, keys, values, salt_hex: str, l0: int, public: list[str] | None = None) -> None:
+        import hashlib  # lazy: numpy twin only
+
+        import numpy as np  # lazy: numpy twin only
+
+        from dplib.distribution.batches import KEY_SEPARATOR  # lazy: numpy twin only
+        from dplib.groups import derive_salt, group_index  # lazy: numpy twin only
+
+        persons = [str(p) for p in persons]
+        keys = [str(k) for k in keys]
+        vals = {c: np.asarray(v, dtype=float) for c, v in values.items()}
+        keep = np.ones(len(persons), bool) if public is None else np.isin(np.array(keys, dtype=object), public)
+        salt = derive_salt(salt_hex, "group-l0")
+        order: dict[str, list[tuple[str, int]]] = {}
+        for i in np.flatnonzero(keep):
+            h = hashlib.sha256((salt + persons[i] + KEY_SEPARATOR + keys[i]).encode()).hexdigest()
+            order.setdefault(persons[i], []).append((h, int(i)))
+        kept, first = [], []
+        for lst in order.values():
+            lst.sort()
+            kept += [i for _, i in lst[:l0]]
+            first.append(lst[0][1])
+        kept_arr = np.array(sorted(kept), dtype=np.int64)
+        self._keys = np.array(keys, dtype=object)[kept_arr]
+        self._vals = {c: v[kept_arr] for c, v in vals.items()}
+        ids = [persons[i] for i in kept_arr]
+        self._gi = group_index(ids, salt_hex) if ids else np.zeros(0, np.int64)
+        first_arr = np.array(sorted(first), dtype=np.int64)
+        self._pooled_vals = {c: v[first_arr] for c, v in vals.items()}
+        self._pooled_gi = group_index([persons[i] for i in first_arr], salt_hex) if first else np.zeros(0, np.int64)
+        self._public = public
+
+    def person_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for k in self._keys:
+            out[k] = out.get(k, 0) + 1
+        return out
+
+    def pooled(self):
+        from dplib.aggregates import NumpyAggregates  # lazy: numpy twin only
+
+        return NumpyAggregates(self._pooled_vals, self._pooled_gi)
+
+    def public_keys(self) -> list[str]:
+        if self._public is None:
+            raise ValueError("no public key set")
+        return list(self._public)
+
+    def backend(self, keys: list[str] | None = None):
+        from dplib.aggregates import NumpyAggregates  # lazy: numpy twin only
+        from dplib.grouped import NumpyGroupedAggregates  # lazy: numpy twin only
+
+        keys = self.public_keys() if keys is None else keys
+        out = {}
+        for gid, k in enumerate(keys):
+            m = self._keys == k
+            out[gid] = NumpyAggregates({c: v[m] for c, v in self._vals.items()}, self._gi[m])
+        return NumpyGroupedAggregates(out)
+
+    def unpersist(self) -> None:
+        pass
+
+
+def key_json(values) -> str:
+    """A group key's JSON as Spark's ``to_json(array(<columns as string>))`` writes it."""
+    import json  # lazy: small
+
+    return json.dumps([str(v) for v in values], separators=(",", ":"), ensure_ascii=False)
+
+
+def run_grouped_numpy(cfg, stat, source: NumpyGroupedInput, noise, accountant=None) -> list[GroupRelease]:
+    """A grouped statistic of ``cfg`` over a :class:`NumpyGroupedInput` (no Spark): the plan, the
+    mechanisms built ahead, and :func:`run_grouped`. For tests and benchmarks."""
+    import json  # lazy: small
+
+    plan = statistic_plan(stat, cfg)
+    prepared = {stat.name: plan.prepare(noise)}
+    acc = accountant if accountant is not None else Accountant(stat.budget(cfg))
+    ctx = RunContext(cfg=cfg, records=None, summary=None, aggregates=None, salt="", noise=noise, accountant=acc,
+                     prepared=prepared)
+    return run_grouped(stat, plan, ctx, source.person_counts, source.pooled, source.public_keys, source.backend,
+                       lambda k: dict(zip(stat.group_by, json.loads(k))))

@@ -63,6 +63,7 @@ from dplib.aggregates import log_bin_bounds
 from dplib.mechanisms import pure_dp_histogram
 from dplib.mean.ranges import (
     DEFAULT_EXPONENT_RANGE,
+    MagnitudeRange,
     HIDDEN_SD,
     check_exponent_range,
     check_octaves,
