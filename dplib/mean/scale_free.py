@@ -414,14 +414,12 @@ def balanced_radius(model, low: float, high: float, n_eps: float, centre_error: 
     octaves = max(math.log2(high / low), 1.0)
     grid = low * 2.0 ** (np.arange(int(octaves * RADIUS_GRID_PER_OCTAVE) + 1) / RADIUS_GRID_PER_OCTAVE)
     n_eps = max(n_eps, 1.0)
-    best, best_cost = float(grid[-1]), math.inf
-    for rho in grid:
-        rho = float(rho)
-        w = count_weight(rho, min(centre_error, rho))
-        cost = model.bias(rho) + (rho + w) / n_eps
-        if cost < best_cost:
-            best, best_cost = rho, cost
-    return best
+    w = np.array([count_weight(float(rho), min(centre_error, float(rho))) for rho in grid])
+    cost = model.biases(grid) + (grid + w) / n_eps
+    cost = np.where(np.isnan(cost), math.inf, cost)
+    if not np.any(cost < math.inf):
+        return float(grid[-1])
+    return float(grid[int(np.argmin(cost))])  # the first of equal minima, as a left-to-right scan
 
 
 def scale_free_person_mean(
