@@ -64,6 +64,10 @@ DEFAULT_TABLE = "build/releases/releases"
 DEFAULT_LEDGER = "build/releases/privacy_ledger"
 
 
+#: Groups of one grouped statistic printed after a run (the rest: ``releases list``).
+MAX_GROUPS_SHOWN = 20
+
+
 def _print_release(result) -> None:
     from spark_jobs.query import coordinate_labels, matrix_lines, statistic_label  # lazy: see main() (missing extras)
 
@@ -74,7 +78,14 @@ def _print_release(result) -> None:
     print(f"  {result.table_path}")
     print(f"  composed cost: epsilon={result.epsilon_spent:.6g}, delta={result.delta_spent:.3g}"
           " (add/remove one person)\n")
+    shown: dict[str, int] = {}
     for r in result.rows:
+        shown[r.statistic] = shown.get(r.statistic, 0) + 1
+        if r.group_key and shown[r.statistic] > MAX_GROUPS_SHOWN:
+            if shown[r.statistic] == MAX_GROUPS_SHOWN + 1:
+                more = sum(1 for x in result.rows if x.statistic == r.statistic) - MAX_GROUPS_SHOWN
+                print(f"  {r.statistic}: ... {more} more group(s): person-dp releases list, or releases_long")
+            continue
         if r.status == "OK":
             level = f"({int(r.error_level * 100)}% error bar)"
             if matrix_lines(r):

@@ -158,7 +158,8 @@ def released_run_ids(table_path: str, job_name: str) -> set[str]:
 
 
 def release_row(cfg: JobConfig, stat: StatisticConfigBase, rel: Release, *, run_id: str, lineage, created,
-                noise: NoiseSource, run_key: str | None = None, group_key: dict[str, str] | None = None) -> ReleaseRow:
+                noise: NoiseSource, run_key: str | None = None, group_key: dict[str, str] | None = None,
+                config_hash: str | None = None) -> ReleaseRow:
     """One ``releases`` row: the run's lineage and config fields plus one statistic's release.
 
     ``run_key`` (the caller's idempotency key, e.g. Airflow's run id; public) goes into the
@@ -191,7 +192,7 @@ def release_row(cfg: JobConfig, stat: StatisticConfigBase, rel: Release, *, run_
         error_level=rel.error_level,
         error_covers=rel.error_covers,
         parameters=to_json(parameters),
-        config_hash=cfg.config_hash(),
+        config_hash=config_hash or cfg.config_hash(),
         code_version=code_version(),
         created_at=created,
         flagged=bool(parameters["tail_flag"]) if "tail_flag" in parameters else None,
@@ -373,6 +374,7 @@ def run_job(
             salt=salt, noise=noise, accountant=accountant, prepared=prepared,
         )
         rows: list[ReleaseRow] = []
+        chash = cfg.config_hash()  # once: a grouped statistic may write 10^5 rows
         created = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
         for i, stat in enumerate(cfg.statistics, 1):
             t1 = time.monotonic()
@@ -383,7 +385,7 @@ def run_job(
                                         SparkGroupedInput, decode_key)
             for g in released:
                 rows.append(release_row(cfg, stat, g.release, run_id=run_id, lineage=lineage, created=created,
-                                        noise=noise, run_key=run_key, group_key=g.key or None))
+                                        noise=noise, run_key=run_key, group_key=g.key or None, config_hash=chash))
             statuses = sorted({g.release.status for g in released})
             log.info("statistic %d/%d %s: %s%s", i, len(cfg.statistics), stat.name, "/".join(statuses) or "no groups",
                      "" if stat.group_by is None else f" ({len(released)} group row(s))")
