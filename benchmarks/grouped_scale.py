@@ -54,7 +54,7 @@ class _Count(logging.Handler):
         self.lines = []
 
     def emit(self, record):
-        self.lines.append(record.getMessage())
+        self.lines.append(f"{time.strftime('%H:%M:%S')} {record.getMessage()}")
 
 
 def main(argv=None) -> None:
@@ -111,8 +111,9 @@ def main(argv=None) -> None:
     aggs = [m for m in handler.lines if re.search(r"group\(s\) released in \d+ aggregation", m)]
     print(f"our release job (2 grouped statistics x {args.groups:,} groups): {ours:.1f} s "
           f"= {ours / plain:.1f}x the plain pass")
-    for line in aggs:
-        print(f"  {line}")
+    for line in handler.lines:
+        print(f"  log: {line}")
+    del aggs
     for name, st in statuses.items():
         print(f"  {name}: {st}")
     spark.stop()

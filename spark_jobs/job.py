@@ -223,21 +223,49 @@ def sync_long_table(spark, output_path: str) -> int:
     return len(missing)
 
 
-def _run_grouped(cfg, stat, plan, ctx, records, salt, label_columns, input_cls, decode_key) -> list[GroupRelease]:
-    """One ``group_by`` statistic: its per-(person, group) summary (one pass, cached for the
-    statistic), then :func:`spark_jobs.grouping.run_grouped`."""
-    kind = kind_of(stat)
-    source = input_cls(
-        records, cfg.privacy_unit.column, cfg.privacy_unit.null_values, list(stat.group_by),
-        plan.keys and [list(k) for k in plan.keys], plan.l0, kind.value_columns(stat), salt,
-        m_min=cfg.summary.m_min, max_records_per_person=cfg.summary.max_records_per_person,
-        label_columns=label_columns,
-    )
-    try:
-        return run_grouped(stat, plan, ctx, source.person_counts, source.pooled, source.public_keys, source.backend,
-                           lambda k: decode_key(k, stat.group_by))
-    finally:
-        source.unpersist()
+def _grouping_signature(stat, plan) -> tuple:
+    """Statistics with the same group columns, key set and L0 bound share one per-(person,
+    group) summary (the L0 choice depends only on these, the salt and the person's keys)."""
+    return (tuple(stat.group_by), plan.keys, plan.l0)
+
+
+class _GroupedInputs:
+    """The per-(person, group) summaries of a run, one per grouping signature, built on first
+    use (one Spark pass each, over the value columns of every statistic sharing it)."""
+
+    def __init__(self, cfg, plans, records, salt, label_columns, input_cls) -> None:
+        self._cfg, self._plans, self._records, self._salt = cfg, plans, records, salt
+        self._labels, self._cls = label_columns, input_cls
+        self._sources: dict[tuple, Any] = {}
+        self._columns: dict[tuple, list[str]] = {}
+        for s in cfg.statistics:
+            if s.group_by is not None:
+                cols = self._columns.setdefault(_grouping_signature(s, plans[s.name]), [])
+                cols += [c for c in kind_of(s).value_columns(s) if c not in cols]
+
+    def source(self, stat):
+        sig = _grouping_signature(stat, self._plans[stat.name])
+        if sig not in self._sources:
+            cfg, plan = self._cfg, self._plans[stat.name]
+            self._sources[sig] = self._cls(
+                self._records, cfg.privacy_unit.column, cfg.privacy_unit.null_values, list(stat.group_by),
+                plan.keys and [list(k) for k in plan.keys], plan.l0, self._columns[sig], self._salt,
+                m_min=cfg.summary.m_min, max_records_per_person=cfg.summary.max_records_per_person,
+                label_columns=self._labels,
+            )
+        return self._sources[sig]
+
+    def unpersist(self) -> None:
+        for src in self._sources.values():
+            src.unpersist()
+
+
+def _run_grouped(stat, plan, ctx, inputs: _GroupedInputs, decode_key) -> list[GroupRelease]:
+    """One ``group_by`` statistic over its (shared, cached) per-(person, group) summary:
+    :func:`spark_jobs.grouping.run_grouped`."""
+    source = inputs.source(stat)
+    return run_grouped(stat, plan, ctx, source.person_counts, source.pooled, source.public_keys, source.backend,
+                       lambda k: decode_key(k, stat.group_by))
 
 
 def run_job(
@@ -365,6 +393,7 @@ def run_job(
         if shared
         else None
     )
+    grouped_inputs = _GroupedInputs(cfg, job_plan.plans, records, salt, columns, SparkGroupedInput)
     try:
         # the run may never spend more than it reserved
         accountant = Accountant(reservation.budget if reservation is not None else Budget(cfg.budget.epsilon, cfg.budget.delta))
@@ -381,8 +410,7 @@ def run_job(
             if stat.group_by is None:
                 released = [GroupRelease({}, kind_of(stat).run(stat, job_plan.plans[stat.name], ctx))]
             else:
-                released = _run_grouped(cfg, stat, job_plan.plans[stat.name], ctx, records, salt, columns,
-                                        SparkGroupedInput, decode_key)
+                released = _run_grouped(stat, job_plan.plans[stat.name], ctx, grouped_inputs, decode_key)
             for g in released:
                 rows.append(release_row(cfg, stat, g.release, run_id=run_id, lineage=lineage, created=created,
                                         noise=noise, run_key=run_key, group_key=g.key or None, config_hash=chash))
@@ -401,6 +429,7 @@ def run_job(
     finally:
         if summary is not None:
             summary.unpersist()
+        grouped_inputs.unpersist()
     eps, delta = accountant.cost()
     if ledger is not None and reservation is not None:
         # the realised cost: stages that a DP outcome stopped (a range that released nothing, a
