@@ -21,15 +21,21 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from dplib.aggregates import log_bin_bounds
-from dplib.budget import Accountant, Budget, Charge
+from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
-from dplib.groups import GroupRange
+from dplib.groups import ALL_PERSONS, GroupRange
+from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import (
+    DEFAULT_EXPONENT_RANGE,
     HIDDEN_SD,
+    check_exponent_range,
+    check_octaves,
+    check_range_quantile,
     DeviationProfile,
     deviation_profile_from_counts,
     hidden_mass,
@@ -235,6 +241,13 @@ def tail_balance(signed_counts: dict, x_a: float, epsilon: float, noise: NoiseSo
     return bool(measured and hi_side - BALANCE_RATIO * lo_side <= BALANCE_SD * sd_difference)
 
 
+def point_tail(setup: "ScaleFreeSetup", nu_floor: float) -> StudentTail:
+    """The setup's tail model with the point fit of ``nu`` (at least ``nu_floor``) beyond what the
+    profile measures, instead of the conservative ``nu_lower``: for choosing a radius (accuracy
+    only), never for a bias bound. Post-processing."""
+    return dataclasses.replace(setup.model, nu_lower=max(float(setup.model.nu), nu_floor))
+
+
 def measured_reach(profile, model) -> float:
     """How far the deviation profile sees: the larger of the last measured survival edge of
     ``model`` and the top of the highest bin clearing the noise floor (post-processing only)."""
@@ -258,7 +271,8 @@ class ScaleFreeSetup:
     the deviation profile; ``profile`` and ``model``: the deviation profile of ``|Y - c|`` and its
     tail model (:func:`tail_from_profile`); ``balanced``: the tail-balance outcome (None: not
     run); ``n_hat``: a DP estimate of the number of persons (post-processing of stages 1 and 3);
-    ``reach``: how far the profile measures (:func:`measured_reach`).
+    ``reach``: how far the profile measures (:func:`measured_reach`); ``profile_epsilon``: the
+    profile's epsilon (its bins carry Laplace(1/profile_epsilon) noise).
     """
 
     lower: float
@@ -277,6 +291,7 @@ class ScaleFreeSetup:
     balanced: bool | None
     n_hat: float
     reach: float
+    profile_epsilon: float
 
     @property
     def centre_error(self) -> float:
@@ -368,7 +383,89 @@ def scale_free_stages(
     n_hat = max(rng_out.noisy_total, profile.total, 1.0)
     return ScaleFreeSetup(
         lower, upper, retried, center, bin_width, low, high, profile, model, fitted_nu, nu_used, tail_flag, overflow,
-        balanced, n_hat, measured_reach(profile, model),
+        balanced, n_hat, measured_reach(profile, model), b_profile.epsilon,
     )
 
 
+
+
+@dataclass(frozen=True)
+class ScaleFreeStagesPlan:
+    """Public plan of an estimator that runs the scale-free stages and then one final stage.
+
+    Subclasses set :attr:`shares` (the early stages' shares) and :attr:`final_stage` (its name);
+    the final stage's nominal charge is what the early stages leave at their largest shares, and
+    at run time it gets whatever they did not use (the total never exceeds ``budget``).
+
+    Parameters
+    ----------
+    budget : Budget
+        The statistic's budget. delta > 0: the range stage uses the thresholded histogram, delta
+        split evenly between its run and its retry; delta == 0: Laplace over ``exponent_range``.
+    k : float or None
+        Cap on the tail model's degrees of freedom (``>= 2``, or inf); None: none.
+    range_quantile : float
+        Fraction of persons the range must hold, in [0.5, 1).
+    range_octaves : int
+        Octaves per bucket of the range histogram.
+    exponent_range : (int, int)
+        Binary exponents of the pure-DP magnitude buckets (delta == 0 only).
+    group : GroupRange
+        The persons the statistic reads.
+
+    Raises
+    ------
+    InvalidParameterError
+    """
+
+    budget: Budget
+    k: float | None = None
+    range_quantile: float = 0.9
+    range_octaves: int = 1
+    exponent_range: tuple[int, int] = DEFAULT_EXPONENT_RANGE
+    group: GroupRange = ALL_PERSONS
+
+    #: the early stages' shares and the final stage's name (set by each estimator)
+    shares: ClassVar[StageShares] = DEFAULT_SHARES
+    final_stage: ClassVar[str] = "final"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, Budget):
+            raise InvalidParameterError("budget must be a dplib.budget.Budget")
+        check_range_quantile(self.range_quantile, "range_quantile")
+        if self.k is not None:
+            object.__setattr__(self, "k", check_moment_order(self.k))
+        check_octaves(self.range_octaves, "range_octaves")
+        check_exponent_range(self.exponent_range)
+
+    def charges(self, prefix: str = "") -> list[Charge]:
+        """Nominal charges in order (early stages at their largest shares, then the final stage);
+        their composed cost is the budget."""
+        final = Budget(self.budget.epsilon * self.shares.final_share, 0.0)
+        return self.shares.early_charges(self.budget, prefix, self.group) + [
+            Charge(f"{prefix}{self.final_stage}", final, self.group)
+        ]
+
+    def cost(self) -> Budget:
+        eps, delta = composed_cost(self.charges())
+        return Budget(eps, delta)
+
+    def describe(self) -> dict:
+        """Public parameters, JSON-friendly (no data-dependent value)."""
+        return {
+            "composition": "sequential; every stage reads all persons",
+            "stages": [{"stage": c.stage, "epsilon": c.budget.epsilon, "delta": c.budget.delta} for c in self.charges()],
+            "range_quantile": self.range_quantile,
+            "tail_nu_cap": self.k,
+            "exponent_range": list(self.exponent_range) if self.budget.delta == 0 else None,
+        }
+
+    def begin(self, accountant: Accountant | None, prefix: str):
+        """``(accountant, charge, start, params)`` for a run: the accountant (default: limited to
+        the budget) checked against every nominal charge before anything is charged, a
+        :func:`stage_charger` over them, the index of this run's first charge, and the public
+        parameters. Raises :class:`~dplib.errors.BudgetExceededError` when the plan does not fit."""
+        accountant = accountant if accountant is not None else Accountant(self.budget)
+        charges = {c.stage[len(prefix):]: c for c in self.charges(prefix)}
+        accountant.check(list(charges.values()))
+        return accountant, stage_charger(accountant, charges), len(accountant.charges), self.describe()
