@@ -50,8 +50,10 @@ from dplib.mean.scale_free_stages import (
     INSUFFICIENT_REASON,
     ScaleFreeStagesPlan,
     StageShares,
+    measured_reach,
     point_tail,
     scale_free_stages,
+    strict_tail,
 )
 from dplib.mean.tails import StudentTail
 from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK, MeanRelease
@@ -76,6 +78,13 @@ RADIUS_MIN, RADIUS_MAX = 1e-150, 1e150
 #: radius from a heavier-than-fitted tail cost up to 5x in accuracy on Gaussian data at 1,000
 #: persons (benchmarks/sum_variance_anchors.py). Accuracy only.
 RADIUS_NU_FLOOR = 2.5
+#: The radius is chosen on the deviation profile read more strictly (a far empty bin passes the
+#: noise floor with this probability per run instead of 0.1; a survival count is measured at
+#: STRICT_MEASURED_SD noise sds instead of 3): a lone noise spike far out made the radius run to
+#: the top of the grid (768 for data within 46 of the centre) in a few runs in a hundred, and the
+#: noise grows as rho^2. The bias bound still reads the profile as the mean does.
+STRICT_FLOOR_BETA = 0.005
+STRICT_MEASURED_SD = 5.0
 #: Smallest weight of the first moment and of the count in the released vector.
 WEIGHT_FLOOR = 1.0 / 16.0
 #: l1 sensitivity of the released second moment, per unit of ``rho^2`` (d = 1, radius 1 in scaled
@@ -166,7 +175,9 @@ def variance_radius(model: StudentTail, low: float, high: float, n_eps: float, c
     """Radius minimising the variance's clipping-bias bound plus its noise (sum of the Laplace
     scales of the three terms, data units^2) on a log grid in [low, high]; ``n_eps`` is a DP
     estimate of persons x the final stage's epsilon. All radii with an infinite bound: ``high``.
-    Post-processing only."""
+    The span is clamped into [RADIUS_MIN, RADIUS_MAX] first. Post-processing only."""
+    low = min(max(low, RADIUS_MIN), RADIUS_MAX / 2.0)
+    high = min(max(high, 2.0 * low), RADIUS_MAX)
     octaves = max(math.log2(high / low), 1.0)
     grid = low * 2.0 ** (np.arange(int(octaves * RADIUS_GRID_PER_OCTAVE) + 1) / RADIUS_GRID_PER_OCTAVE)
     n_eps = max(n_eps, 1.0)
@@ -246,9 +257,11 @@ def person_variance(
 
     spent_eps, _ = composed_cost(accountant.charges[start:])
     eps_final = plan.budget.epsilon - spent_eps
-    rho = variance_radius(point_tail(setup, RADIUS_NU_FLOOR), min(setup.bin_width / 4.0, setup.high / 2.0), 2.0 * setup.high,
+    strict_profile, strict_model = strict_tail(setup, plan.k, STRICT_FLOOR_BETA, STRICT_MEASURED_SD)
+    rmodel = point_tail(replace(setup, model=strict_model), RADIUS_NU_FLOOR)
+    rho = variance_radius(rmodel, min(setup.bin_width / 4.0, setup.high / 2.0), 2.0 * setup.high,
                           setup.n_hat * eps_final, ce)
-    reach = RADIUS_REACH * setup.reach
+    reach = RADIUS_REACH * measured_reach(strict_profile, strict_model)
     capped = rho > reach
     rho = float(min(max(min(rho, reach), RADIUS_MIN), RADIUS_MAX))
     w1, w0 = moment_weights(rho, ce, model.truncated_second_moment(rho))

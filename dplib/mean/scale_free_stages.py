@@ -168,7 +168,7 @@ def stage_charger(accountant: Accountant, charges: dict):
     return charge
 
 
-def tail_from_profile(profile, epsilon: float, k: float | None):
+def tail_from_profile(profile, epsilon: float, k: float | None, measured_sd: float = MEASURED_SD):
     """The tail model of a deviation profile, as the bias bounds use it (post-processing only).
 
     Fits the Student-t tail (binned counts; the fallback ``NU_FALLBACK`` when nothing beyond the
@@ -179,7 +179,7 @@ def tail_from_profile(profile, epsilon: float, k: float | None):
     -------
     (model, fitted_nu, nu_used, tail_flag, overflow_share)
     """
-    xs, ss, snr, limit = measured_survival(profile, epsilon, MEASURED_SD, visible_top=True)
+    xs, ss, snr, limit = measured_survival(profile, epsilon, measured_sd, visible_top=True)
     if limit > 0:  # nothing measured beyond the first edge: the fallback tail from the detection limit
         model = fit_student_tail(xs, ss, snr, NU_FALLBACK)
     else:
@@ -239,6 +239,21 @@ def tail_balance(signed_counts: dict, x_a: float, epsilon: float, noise: NoiseSo
     measured = lo_side >= BALANCE_SD * math.sqrt(2.0) * scale
     sd_difference = math.sqrt(2.0 * (1.0 + BALANCE_RATIO**2)) * scale
     return bool(measured and hi_side - BALANCE_RATIO * lo_side <= BALANCE_SD * sd_difference)
+
+
+def strict_tail(
+    setup: "ScaleFreeSetup", k: float | None, beta: float, measured_sd: float
+) -> tuple[DeviationProfile, StudentTail]:
+    """The deviation profile read more strictly, and its tail model: a stricter noise floor (an
+    empty bin passes it with probability ``beta`` per run instead of ``FLOOR_BETA``) and survival
+    counts read as measured only at ``measured_sd`` noise sds (instead of ``MEASURED_SD``). A
+    lone noise spike far out, which the normal reading takes for persons in a few runs in a
+    hundred, then no longer does. For choosing a radius when the noise grows fast with it (a
+    variance); bias bounds keep ``setup.model``. Post-processing only."""
+    raw = np.asarray(setup.profile.raw_weights, dtype=float)
+    floor = math.log(raw.size / beta) / setup.profile_epsilon
+    profile = dataclasses.replace(setup.profile, weights=np.where(raw > floor, raw, 0.0), noise_floor=floor)
+    return profile, tail_from_profile(profile, setup.profile_epsilon, k, measured_sd)[0]
 
 
 def point_tail(setup: "ScaleFreeSetup", nu_floor: float) -> StudentTail:
