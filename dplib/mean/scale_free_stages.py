@@ -241,19 +241,13 @@ def tail_balance(signed_counts: dict, x_a: float, epsilon: float, noise: NoiseSo
     return bool(measured and hi_side - BALANCE_RATIO * lo_side <= BALANCE_SD * sd_difference)
 
 
-def strict_tail(
-    setup: "ScaleFreeSetup", k: float | None, beta: float, measured_sd: float
-) -> tuple[DeviationProfile, StudentTail]:
-    """The deviation profile read more strictly, and its tail model: a stricter noise floor (an
-    empty bin passes it with probability ``beta`` per run instead of ``FLOOR_BETA``) and survival
-    counts read as measured only at ``measured_sd`` noise sds (instead of ``MEASURED_SD``). A
-    lone noise spike far out, which the normal reading takes for persons in a few runs in a
-    hundred, then no longer does. For choosing a radius when the noise grows fast with it (a
-    variance); bias bounds keep ``setup.model``. Post-processing only."""
-    raw = np.asarray(setup.profile.raw_weights, dtype=float)
-    floor = math.log(raw.size / beta) / setup.profile_epsilon
-    profile = dataclasses.replace(setup.profile, weights=np.where(raw > floor, raw, 0.0), noise_floor=floor)
-    return profile, tail_from_profile(profile, setup.profile_epsilon, k, measured_sd)[0]
+def strict_tail(setup: "ScaleFreeSetup", k: float | None, measured_sd: float) -> StudentTail:
+    """The tail model of the setup's deviation profile with survival counts read as measured only
+    at ``measured_sd`` noise sds (instead of ``MEASURED_SD``): a lone far bin whose noise clears
+    the usual 3 sds (a few runs in a hundred) no longer reads as persons out there. For choosing a
+    radius when the noise grows fast with it (a variance); bias bounds keep ``setup.model``.
+    Post-processing only."""
+    return tail_from_profile(setup.profile, setup.profile_epsilon, k, measured_sd)[0]
 
 
 def point_tail(setup: "ScaleFreeSetup", nu_floor: float) -> StudentTail:
