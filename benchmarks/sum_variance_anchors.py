@@ -14,8 +14,10 @@ bounds) against OpenDP 0.16 and PipelineDP 0.3.1, both given the generous NON-pr
 Error = |released - exact dataset statistic|; median and 90th percentile over seeds; a run that
 releases nothing (ours: INSUFFICIENT_DATA) counts in the release rate, not in the errors. Ours
 also reports the coverage of its 90% error bar (runs with a bar) and how often it had one.
-Tumult Analytics: only if ``benchmarks/anchors/.tumult-venv`` exists (its worker answers means
-and quantiles only; variance and sum are not wired, so it is listed as skipped either way).
+Tumult Analytics 0.21 when ``benchmarks/anchors/.tumult-venv`` exists: ``variance`` / ``stdev``
+on the values mapped affinely to [0, 1] and ``sum`` on the clamped values scaled by
+max(|p1|, |p99|) into [-1, 1] (``benchmarks/anchors/tumult_worker.py``; Laplace; all releases of a
+statistic in one grouped evaluate, one row per person and ID).
 
     python -m benchmarks.sum_variance_anchors --seeds 30 [--eps 1.0] [--stats variance,stddev,sum] [--cells REGEX]
 
@@ -212,8 +214,9 @@ def truth(stat: str, x: np.ndarray) -> float:
     return float(np.std(x)) if stat == "stddev" else float(np.var(x))
 
 
-def run_cell(stat: str, name: str, values, seeds: int, eps: float, anchors: bool) -> dict:
-    res: dict = {"ours": [], "opendp": [], "pipelinedp": []}
+def run_cell(stat: str, name: str, values, seeds: int, eps: float, anchors: bool, tumult_jobs=None,
+             truths: dict | None = None) -> dict:
+    res: dict = {"ours": [], "opendp": [], "pipelinedp": [], "tumult": []}
     fails = {m: 0 for m in res}
     covered, bars, n = 0, 0, 0
     for s in range(seeds):
@@ -232,6 +235,9 @@ def run_cell(stat: str, name: str, values, seeds: int, eps: float, anchors: bool
             lo, hi = np.percentile(x, [1.0, 99.0])
             res["opendp"].append(abs(opendp(stat, x, eps, lo, hi) - t))
             res["pipelinedp"].append(abs(pipelinedp(stat, x, eps, lo, hi) - t))
+            if tumult_jobs is not None:
+                tumult_jobs.add((name, s), x, lo, hi)
+                truths[(name, s)] = t
     return {"name": name, "n": n, "errors": res, "fails": fails, "bars": bars, "covered": covered,
             "truth": truth(stat, values(0))}
 
@@ -242,8 +248,8 @@ def fmt(errs: list[float]) -> str:
     return f"{np.median(errs):.4g} / {np.percentile(errs, 90):.4g}"
 
 
-def report(stat: str, rows: list[dict], seeds: int, anchors: bool) -> None:
-    methods = ["ours"] + (["opendp", "pipelinedp"] if anchors else [])
+def report(stat: str, rows: list[dict], seeds: int, anchors: bool, tumult: bool) -> None:
+    methods = ["ours"] + (["opendp", "pipelinedp"] if anchors else []) + (["tumult"] if tumult else [])
     print(f"\n### {stat}\n")
     print("| cell | n | exact (seed 0) | " + " | ".join(f"{m} med / p90" for m in methods)
           + " | ours / best anchor (median) | ours released | ours bar: given / covers |")
@@ -253,7 +259,7 @@ def report(stat: str, rows: list[dict], seeds: int, anchors: bool) -> None:
         med = {m: float(np.median(e[m])) if e[m] else float("nan") for m in methods}
         ratio = "-"
         if anchors:
-            best = min(med["opendp"], med["pipelinedp"])
+            best = min(med[m] for m in methods[1:])
             ratio = f"{med['ours'] / best:.2f}" if best > 0 else "-"
         rel = seeds - r["fails"]["ours"]
         cov = f"{r['bars']}/{rel} / {r['covered'] / r['bars']:.2f}" if r["bars"] else f"0/{rel} / -"
@@ -275,26 +281,40 @@ def main() -> None:
     ap.add_argument("--stats", default="variance,stddev,sum")
     ap.add_argument("--cells", default="")
     ap.add_argument("--no-anchors", action="store_true", help="ours only (tuning)")
+    ap.add_argument("--no-tumult", action="store_true")
     args = ap.parse_args()
     from benchmarks.anchors import tumult
 
-    ok, msg = tumult.available()
+    use_tumult, msg = tumult.available()
+    use_tumult = use_tumult and not args.no_anchors and not args.no_tumult
     print(f"epsilon = {args.eps} (ours: delta = {DELTA:g}; anchors: pure), {args.seeds} seeds; "
-          f"Tumult: {'skipped (its worker answers means and quantiles only)' if ok else 'skipped: ' + msg}")
+          f"Tumult: {msg if use_tumult else 'skipped (' + msg + ')'}")
     t0 = time.time()
     rx = re.compile(args.cells) if args.cells else None
     anchors = not args.no_anchors
     for stat in args.stats.split(","):
         rows = []
         cells = SUM_CELLS if stat == "sum" else VARIANCE_CELLS
+        jobs = tumult.TumultJobs(args.eps, statistic={"stddev": "stdev"}.get(stat, stat)) if use_tumult else None
+        truths: dict = {}
         for cell in cells:
             if rx and not rx.search(cell.name):
                 continue
             try:
-                rows.append(run_cell(stat, cell.name, cell_values(stat, cell), args.seeds, args.eps, anchors))
+                rows.append(run_cell(stat, cell.name, cell_values(stat, cell), args.seeds, args.eps, anchors, jobs,
+                                     truths))
             except MissingPanel as e:
                 print(f"skipped {cell.name}: {e}")
-        report(stat, rows, args.seeds, anchors)
+        if jobs is not None:
+            est, info = jobs.run()
+            print(f"Tumult {stat}: {info.get('jobs')} releases in one evaluate, {info.get('wall_seconds', 0):.0f} s")
+            by_name = {r["name"]: r for r in rows}
+            for (name, s), e in est.items():
+                if e is None:
+                    by_name[name]["tumult_fails"] = by_name[name].get("tumult_fails", 0) + 1
+                else:
+                    by_name[name]["errors"]["tumult"].append(abs(e - truths[(name, s)]))
+        report(stat, rows, args.seeds, anchors, jobs is not None)
     print(f"\n({time.time() - t0:.0f} s)")
 
 
