@@ -238,10 +238,13 @@ class _GroupedInputs:
         self._labels, self._cls = label_columns, input_cls
         self._sources: dict[tuple, Any] = {}
         self._columns: dict[tuple, list[str]] = {}
+        self._derived: dict[tuple, dict] = {}
         for s in cfg.statistics:
             if s.group_by is not None:
-                cols = self._columns.setdefault(_grouping_signature(s, plans[s.name]), [])
+                sig = _grouping_signature(s, plans[s.name])
+                cols = self._columns.setdefault(sig, [])
                 cols += [c for c in kind_of(s).value_columns(s) if c not in cols]
+                self._derived.setdefault(sig, {}).update(kind_of(s).derived_columns(s))
 
     def source(self, stat):
         sig = _grouping_signature(stat, self._plans[stat.name])
@@ -251,7 +254,7 @@ class _GroupedInputs:
                 self._records, cfg.privacy_unit.column, cfg.privacy_unit.null_values, list(stat.group_by),
                 plan.keys and [list(k) for k in plan.keys], plan.l0, self._columns[sig], self._salt,
                 m_min=cfg.summary.m_min, max_records_per_person=cfg.summary.max_records_per_person,
-                label_columns=self._labels,
+                label_columns=self._labels, derived=self._derived[sig],
             )
         return self._sources[sig]
 

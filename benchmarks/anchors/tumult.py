@@ -62,17 +62,37 @@ def setup() -> int:
 class TumultJobs:
     """Collects (cell, seed, bounds) jobs; ``run`` answers all of them with one worker process."""
 
-    def __init__(self, epsilon: float, quantile: float | None = None) -> None:
+    #: how an answer on the mapped values maps back: average and quantile affinely, variance by
+    #: (hi - lo)^2, stdev by (hi - lo), sum by max(|lo|, |hi|) (values scaled, not shifted)
+    STATISTICS = ("average", "variance", "stdev", "sum")
+
+    def __init__(self, epsilon: float, quantile: float | None = None, statistic: str = "average") -> None:
+        if statistic not in self.STATISTICS or (quantile is not None and statistic != "average"):
+            raise ValueError(f"statistic must be one of {self.STATISTICS} (quantile: average only), got {statistic!r}")
         self.epsilon = epsilon
         self.quantile = quantile  # None: average; else Tumult's quantile at this level
+        self.statistic = statistic
         self.keys: list[tuple] = []
         self.values: list[np.ndarray] = []
         self.affine: list[tuple[float, float]] = []
 
     def add(self, key: tuple, x: np.ndarray, lo: float, hi: float) -> None:
         self.keys.append(key)
-        self.values.append((np.asarray(x, dtype=float).reshape(-1) - lo) / (hi - lo))
+        x = np.asarray(x, dtype=float).reshape(-1)
+        if self.statistic == "sum":  # scaled, not shifted (a shift would need the count)
+            self.values.append(np.clip(x, lo, hi) / max(abs(lo), abs(hi)))
+        else:
+            self.values.append((x - lo) / (hi - lo))
         self.affine.append((float(lo), float(hi)))
+
+    def _back(self, a: float, lo: float, hi: float) -> float:
+        if self.statistic == "variance":
+            return (hi - lo) ** 2 * a
+        if self.statistic == "stdev":
+            return (hi - lo) * a
+        if self.statistic == "sum":
+            return max(abs(lo), abs(hi)) * a
+        return lo + (hi - lo) * a
 
     @property
     def rows(self) -> int:
@@ -87,6 +107,8 @@ class TumultJobs:
             src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.json"
             job = np.concatenate([np.full(v.size, i, dtype=np.int64) for i, v in enumerate(self.values)])
             extra = {} if self.quantile is None else {"quantile": np.float64(self.quantile)}
+            if self.statistic != "average":
+                extra["statistic"] = np.str_(self.statistic)
             np.savez(src, job=job, value=np.concatenate(self.values), jobs=np.arange(len(self.keys)),
                      epsilon=np.float64(self.epsilon), **extra)
             env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_HOME", "PYTHONPATH"))}
@@ -103,7 +125,7 @@ class TumultJobs:
         for i, key in enumerate(self.keys):
             a = out["estimates"].get(str(i))
             lo, hi = self.affine[i]
-            est[key] = None if a is None else lo + (hi - lo) * a
+            est[key] = None if a is None else self._back(a, lo, hi)
         info = {"jobs": len(self.keys), "rows": self.rows, "wall_seconds": time.time() - t0,
                 "worker_seconds": out.get("seconds"), "versions": out.get("versions")}
         return est, info

@@ -7,7 +7,8 @@ Not imported by the rest of the benchmark: ``tumult.py`` starts it as a subproce
 IN.npz holds one row per (job, person): ``job`` (int64), ``value`` (float64, the person's mean mapped
 affinely so the job's clamping bounds become [0, 1]), ``jobs`` (the public list of job keys) and
 ``epsilon``; optional ``quantile`` (a level q: ``quantile(value, q, low=0, high=1)`` instead of
-``average``). A job is one (cell, seed, bounds) release.
+``average``) or ``statistic`` (``variance`` or ``stdev`` on [0, 1]; ``sum`` on [-1, 1], the caller
+having clamped and scaled the values by max(|lo|, |hi|)). A job is one (cell, seed, bounds) release.
 
 Every job is answered by ONE Tumult query: ``Session.from_dataframe(..., protected_change=
 AddRowsWithID("id"))`` over all rows (ids are distinct across jobs, so each person-row of a job is
@@ -81,7 +82,14 @@ def main(argv: list[str]) -> int:
     )
     grouped = QueryBuilder("persons").enforce(MaxRowsPerID(1)).groupby(KeySet.from_dict({"job": jobs}))
     q = float(z["quantile"]) if "quantile" in z.files else None
-    if q is None:
+    statistic = str(z["statistic"]) if "statistic" in z.files else "average"
+    if statistic == "variance":
+        query = grouped.variance("value", low=0.0, high=1.0, name="avg", mechanism="laplace")
+    elif statistic == "stdev":
+        query = grouped.stdev("value", low=0.0, high=1.0, name="avg", mechanism="laplace")
+    elif statistic == "sum":
+        query = grouped.sum("value", low=-1.0, high=1.0, name="avg", mechanism="laplace")
+    elif q is None:
         query = grouped.average("value", low=0.0, high=1.0, name="avg", mechanism="laplace")
     else:  # quantiles are affine-equivariant too (Tumult: the exponential mechanism over the clamped data)
         query = grouped.quantile("value", q, low=0.0, high=1.0, name="avg")

@@ -48,7 +48,6 @@ assumption the data may break, and the release says so.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -59,22 +58,41 @@ from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.error_bars import noise_and_sampling_quantile
 from dplib.mean.params import check_moment_order
-from dplib.aggregates import log_bin_bounds
-from dplib.mechanisms import pure_dp_histogram
 from dplib.mean.ranges import (
-    DEFAULT_EXPONENT_RANGE,
-    MagnitudeRange,
-    HIDDEN_SD,
-    check_exponent_range,
-    check_octaves,
-    check_range_quantile,
-    deviation_profile_from_counts,
-    hidden_mass,
-    magnitude_range,
-    measured_survival,
-    window_center,
+    DEFAULT_EXPONENT_RANGE, MagnitudeRange, check_exponent_range, check_octaves, check_range_quantile, magnitude_range,
 )
-from dplib.mean.tails import fit_student_tail, fit_student_tail_binned
+from dplib.mean.scale_free_stages import (  # the early stages; re-exported (see __all__)
+    BALANCE_RATIO,
+    BALANCE_SHARE,
+    CENTRE_BINS,
+    CENTRE_SHARE,
+    DEFAULT_SHARES,
+    FLAG_NU,
+    INSUFFICIENT_REASON,
+    LIGHT_NU,
+    PROFILE_OCTAVES_ABOVE,
+    PROFILE_OCTAVES_BELOW,
+    PROFILE_SHARE,
+    PROFILE_SUB_EDGES,
+    RANGE_RETRY_SHARE,
+    RANGE_SHARE,
+    REACH_FACTOR,
+    SMALL_DATA_BOOST,
+    STAGE_BALANCE,
+    STAGE_CENTRE,
+    STAGE_PROFILE,
+    STAGE_RANGE,
+    STAGE_RANGE_RETRY,
+    ScaleFreeSetup,
+    StageShares,
+    balance_edge,
+    measured_reach,
+    scale_free_stages,
+    stage_charger,
+    tail_balance,
+    tail_counts,
+    tail_from_profile,
+)
 from dplib.mean.univariate import (
     ERROR_LEVEL,
     STATUS_INSUFFICIENT,
@@ -86,40 +104,19 @@ from dplib.mean.univariate import (
 from dplib.mechanisms import NoiseSource
 from dplib.seam import Aggregates
 
+__all__ = [
+    "ALGORITHM", "ALGORITHM_VERSION", "BALANCE_RATIO", "BALANCE_SHARE", "CENTRE_BINS", "CENTRE_SHARE", "DEFAULT_SHARES",
+    "FLAG_NU", "LIGHT_NU", "PROFILE_OCTAVES_ABOVE", "PROFILE_OCTAVES_BELOW", "PROFILE_SHARE", "PROFILE_SUB_EDGES",
+    "RADIUS_REACH", "RANGE_RETRY_SHARE", "RANGE_SHARE", "REACH_FACTOR", "SMALL_DATA_BOOST", "STAGES", "STAGE_BALANCE",
+    "STAGE_CENTRE", "STAGE_FINE", "STAGE_PROFILE", "STAGE_RANGE", "STAGE_RANGE_RETRY", "ScaleFreeMeanPlan",
+    "ScaleFreeSetup", "StageShares", "balance_edge", "balanced_radius", "measured_reach", "scale_free_person_mean",
+    "scale_free_stages", "stage_charger", "tail_balance", "tail_counts", "tail_from_profile",
+]
+
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
 ALGORITHM_VERSION = "4"
-STAGE_RANGE = "magnitude range"
-STAGE_RANGE_RETRY = "magnitude range (retry)"
-STAGE_CENTRE = "centre"
-STAGE_PROFILE = "deviation profile"
-STAGE_BALANCE = "tail balance"
 STAGE_FINE = "fine clip-and-noise"
 STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_CENTRE, STAGE_PROFILE, STAGE_BALANCE, STAGE_FINE)
-#: Epsilon shares of the early stages (accuracy only: any shares summing to <= 1 are private).
-RANGE_SHARE = 0.04
-RANGE_RETRY_SHARE = 0.20
-CENTRE_SHARE = 0.04
-PROFILE_SHARE = 0.10
-#: Bins of the centre histogram per width of the private range.
-CENTRE_BINS = 8
-#: Factor on the centre and profile shares when stage 1 needed its retry (small data).
-SMALL_DATA_BOOST = 2.0
-#: The deviation profile spans [W 2^-PROFILE_OCTAVES_BELOW, W 2^PROFILE_OCTAVES_ABOVE] around the
-#: centre, W the width of the private range.
-PROFILE_OCTAVES_BELOW = 8
-PROFILE_OCTAVES_ABOVE = 5
-#: Half-octave bins: fewer bins, less noise in the survival counts than quarter octaves.
-PROFILE_SUB_EDGES = (2.0**0.5,)
-#: Degrees of freedom of the t tail when the profile measures too few tail bins to fit one.
-NU_FALLBACK = 3.0
-#: A survival count of the profile is read as measured at this many noise sds.
-MEASURED_SD = 3.0
-#: Beyond what the profile measures, the tail is taken NU_MARGIN degrees of freedom heavier than
-#: the fitted lower bound, but not heavier than NU_FLOOR unless the fit itself is: sparse far
-#: persons (a few aircraft with one extreme flight) are invisible to a DP histogram, and on real
-#: panels the t fitted to what is visible understated them (benchmarks/anchors: flights delays).
-NU_MARGIN = 2.0
-NU_FLOOR = 2.0
 #: The radius never exceeds this multiple of how far the profile measures (:func:`measured_reach`).
 #: A tail fitted near x^-1 makes the balanced radius run off to hundreds of times the measured
 #: range, while real bounded-but-skewed columns stop a few times beyond it. Measured on real panels
@@ -129,23 +126,6 @@ NU_FLOOR = 2.0
 #: The bias bound at the capped radius still comes from the fitted tail (the bar stays honest
 #: under it).
 RADIUS_REACH = 8.0
-#: Light, two-sided tails (see :func:`tail_balance`): epsilon share of the tail-balance counts,
-#: the fitted (point) t power from which a tail counts as light, the persons' share beyond the
-#: balance edge, the largest ratio of the two tails' counts read as balanced, the noise sds
-#: allowed, and the radius as a multiple of how far the profile measures. Measured on the
-#: anchors benchmark (24 seeds x 60 noise draws per cell): nlswork ln_wage 2.9x -> 1.5x the
-#: p1/p99 anchor; the flights delays, Lomax and the bounded RandHIE columns unchanged (their
-#: tails fit heavier than LIGHT_NU or are one-sided).
-BALANCE_SHARE = 0.05
-LIGHT_NU = 4.0
-BALANCE_SURVIVAL = 0.1
-BALANCE_RATIO = 1.5
-BALANCE_SD = 2.0
-REACH_FACTOR = 1.5
-#: A fitted tail (lower bound on nu) heavier than this (infinite variance) flags the bar.
-FLAG_NU = 2.0
-#: Overflow share of the deviation profile above which the bar is flagged.
-OVERFLOW_WARN = 0.01
 #: Radius candidates per octave in the minimisation of bias + noise.
 RADIUS_GRID_PER_OCTAVE = 16
 
@@ -206,20 +186,12 @@ class ScaleFreeMeanPlan:
         profile stages get their largest shares (listed here) only after a retry; what they do not use goes to the
         fine stage, whose charge is always what is left of the budget. The total is the budget.
         """
-        eps, delta = self.budget.epsilon, self.budget.delta
-        centre, profile = CENTRE_SHARE * SMALL_DATA_BOOST, PROFILE_SHARE * SMALL_DATA_BOOST
-        ranges = [] if self.shared_range else [
-            (STAGE_RANGE, RANGE_SHARE, delta / 2.0),
-            (STAGE_RANGE_RETRY, RANGE_RETRY_SHARE, delta / 2.0),
-        ]
-        fine = 1.0 - sum(r[1] for r in ranges) - centre - profile - BALANCE_SHARE
-        parts = ranges + [
-            (STAGE_CENTRE, centre, 0.0),
-            (STAGE_PROFILE, profile, 0.0),
-            (STAGE_BALANCE, BALANCE_SHARE, 0.0),
-            (STAGE_FINE, fine, 0.0),
-        ]
-        return [Charge(f"{prefix}{name}", Budget(eps * share, d), self.group) for name, share, d in parts]
+        early = DEFAULT_SHARES.early_charges(self.budget, prefix, self.group, self.shared_range)
+        share = DEFAULT_SHARES.final_share
+        if self.shared_range:  # the range stages' shares go to the fine stage
+            share += DEFAULT_SHARES.range + DEFAULT_SHARES.range_retry
+        fine = Budget(self.budget.epsilon * share, 0.0)
+        return early + [Charge(f"{prefix}{STAGE_FINE}", fine, self.group)]
 
     def cost(self) -> Budget:
         """The composed cost of :meth:`charges` (the statistic's budget)."""
@@ -237,6 +209,11 @@ class ScaleFreeMeanPlan:
             "tail_nu_cap": self.k,
             "exponent_range": list(self.exponent_range) if self.budget.delta == 0 else None,
         }
+
+
+def _insufficient(reason: str, accountant: Accountant, start: int, params: dict) -> MeanRelease:
+    eps, delta = composed_cost(accountant.charges[start:])
+    return MeanRelease(STATUS_INSUFFICIENT, None, None, ERROR_LEVEL, f"none: {reason}", None, eps, delta, params)
 
 
 #: Share of a grouped mean's budget (after selection) spent once on the shared range stage.
@@ -305,106 +282,6 @@ def shared_magnitude_range(
     return SharedRange(out, True)
 
 
-def _insufficient(reason: str, accountant: Accountant, start: int, params: dict) -> MeanRelease:
-    eps, delta = composed_cost(accountant.charges[start:])
-    return MeanRelease(STATUS_INSUFFICIENT, None, None, ERROR_LEVEL, f"none: {reason}", None, eps, delta, params)
-
-
-def stage_charger(accountant: Accountant, charges: dict):
-    """``charge(stage, epsilon=None) -> Budget``: charge a planned stage to ``accountant`` (its
-    nominal budget, or ``epsilon`` with the stage's delta: an adaptive share chosen from earlier DP
-    outcomes) and return what was charged. Shared by the scale-free estimators."""
-
-    def charge(stage: str, epsilon: float | None = None) -> Budget:
-        c = charges[stage]
-        budget = c.budget if epsilon is None else Budget(epsilon, c.budget.delta)
-        accountant.charge(c.stage, budget, c.group)
-        return budget
-
-    return charge
-
-
-def tail_from_profile(profile, epsilon: float, k: float | None):
-    """The tail model of a deviation profile, as the bias bounds use it (post-processing only).
-
-    Fits the Student-t tail (binned counts; the fallback ``NU_FALLBACK`` when nothing beyond the
-    first edge is measured), takes it ``NU_MARGIN`` degrees of freedom heavier (not below
-    ``min(nu, NU_FLOOR)``), capped at ``k`` when given, and computes the tail flag.
-
-    Returns
-    -------
-    (model, fitted_nu, nu_used, tail_flag, overflow_share)
-    """
-    xs, ss, snr, limit = measured_survival(profile, epsilon, MEASURED_SD, visible_top=True)
-    if limit > 0:  # nothing measured beyond the first edge: the fallback tail from the detection limit
-        model = fit_student_tail(xs, ss, snr, NU_FALLBACK)
-    else:
-        model = fit_student_tail_binned(profile.edges, profile.raw_weights, epsilon, NU_FALLBACK, xs, ss)
-    fitted_nu = model.nu_lower
-    nu_used = max(fitted_nu - NU_MARGIN, min(fitted_nu, NU_FLOOR))
-    if k is not None:  # the user's moment order caps how light the tail may be taken
-        nu_used = min(nu_used, k)
-    model = dataclasses.replace(model, nu_lower=nu_used)
-    hidden, hidden_sd = hidden_mass(profile, epsilon)
-    overflow = profile.overflow_share()
-    tail_flag = bool(fitted_nu < FLAG_NU or overflow > OVERFLOW_WARN or hidden > HIDDEN_SD * hidden_sd)
-    return model, fitted_nu, nu_used, tail_flag, overflow
-
-
-def balance_edge(model) -> float:
-    """The edge beyond which the tail balance counts persons: the first measured edge whose
-    survival is at most ``BALANCE_SURVIVAL`` (else the last measured edge). Post-processing."""
-    xs, ss = np.asarray(model.edges, float), np.asarray(model.survival, float)
-    idx = np.nonzero((xs > 0) & (ss <= BALANCE_SURVIVAL))[0]
-    return float(xs[idx[0]]) if idx.size else float(xs[-1])
-
-
-def tail_counts(signed_counts: dict, x_a: float, sub_edges) -> np.ndarray:
-    """Exact ``[#(Y - c >= x_a), #(Y - c <= -x_a)]`` from signed log-bin counts whose bins start
-    at or beyond ``x_a`` (``x_a`` a bin edge). A person is in at most one of the two."""
-    exact = np.zeros(2)
-    for key, cnt in signed_counts.items():
-        if key == 0:
-            continue
-        lo, _ = log_bin_bounds(key, sub_edges)
-        if lo >= x_a:
-            exact[0 if key > 0 else 1] += cnt
-    return exact
-
-
-def tail_balance(signed_counts: dict, x_a: float, epsilon: float, noise: NoiseSource, sub_edges) -> bool:
-    """Release the persons beyond ``+x_a`` and beyond ``-x_a`` (``Y - c >= x_a``, ``Y - c <= -x_a``)
-    with Laplace(1/epsilon) each; True when both tails are measured (the smaller count at least
-    ``BALANCE_SD`` noise sds) and neither holds more than ``BALANCE_RATIO`` times the other (up to
-    ``BALANCE_SD`` sds of the difference's noise). Post-processing decides. False, with no noise
-    drawn, when ``x_a`` is not positive and finite (nothing to count).
-
-    ``signed_counts`` are the exact signed log-bin counts (:meth:`Aggregates.log_histogram`) of
-    ``Y - c``; ``x_a`` must be one of their bin edges (a profile edge), so whole bins are counted.
-
-    Privacy
-    -------
-    epsilon-DP under add/remove: a person lies in at most one of the two counts (l1 sensitivity 1).
-    """
-    if not (x_a > 0 and math.isfinite(x_a)):
-        return False
-    exact = tail_counts(signed_counts, x_a, sub_edges)
-    noisy, scale = pure_dp_histogram(exact, epsilon, noise)
-    del exact
-    hi_side, lo_side = float(max(noisy[0], noisy[1])), float(min(noisy[0], noisy[1]))
-    measured = lo_side >= BALANCE_SD * math.sqrt(2.0) * scale
-    sd_difference = math.sqrt(2.0 * (1.0 + BALANCE_RATIO**2)) * scale
-    return bool(measured and hi_side - BALANCE_RATIO * lo_side <= BALANCE_SD * sd_difference)
-
-
-def measured_reach(profile, model) -> float:
-    """How far the deviation profile sees: the larger of the last measured survival edge of
-    ``model`` and the top of the highest bin clearing the noise floor (post-processing only)."""
-    visible = np.nonzero(profile.weights[:-1] > 0)[0]
-    x_vis = float(profile.edges[visible[-1] + 1]) if visible.size else float(profile.edges[1])
-    return max(float(model.edges[-1]), x_vis)
-
-
 def balanced_radius(model, low: float, high: float, n_eps: float, centre_error: float) -> float:
     """Radius minimising ``model.bias(rho) + (rho + w(rho)) / n_eps`` on a log grid in [low, high].
 
@@ -429,7 +306,7 @@ def scale_free_person_mean(
     noise: NoiseSource,
     accountant: Accountant | None = None,
     stage_prefix: str = "",
-    given_range: SharedRange | None = None,
+    given_range: "SharedRange | None" = None,
 ) -> MeanRelease:
     """Private mean over persons of each person's mean of ``column``, with no scale or bounds.
 
@@ -442,9 +319,6 @@ def scale_free_person_mean(
     noise : NoiseSource
     accountant : Accountant, optional
         Charged before each stage reads its persons. Default: limited to ``plan.budget``.
-    given_range : SharedRange, optional
-        Required with ``plan.shared_range`` (a group of a grouped mean): stage 1's DP output,
-        found once for all groups (:func:`shared_magnitude_range`); stage 1 then does not run.
 
     Returns
     -------
@@ -478,81 +352,24 @@ def scale_free_person_mean(
     params = plan.describe()
     eps_total = plan.budget.epsilon
     group = plan.group
-
     charge = stage_charger(accountant, charges)
 
-    # 1. magnitude range (a retry with a larger share only if the first run released nothing)
-    if plan.shared_range:
-        if given_range is None:
-            raise InvalidParameterError("a plan with shared_range needs the shared stage's given_range")
-        rng_out, retried = given_range.range, given_range.retried
-    else:
-        b = charge(STAGE_RANGE)
-        rng_out = magnitude_range(
-            backend, column, group, b.epsilon, b.delta, noise, plan.range_quantile, plan.exponent_range,
-            plan.range_octaves,
-        )
-        retried = rng_out is None
-    if retried and not plan.shared_range:
-        b = charge(STAGE_RANGE_RETRY)
-        rng_out = magnitude_range(
-            backend, column, group, b.epsilon, b.delta, noise, plan.range_quantile, plan.exponent_range,
-            plan.range_octaves,
-        )
-    if rng_out is None:
-        params["range_retried"] = retried
-        return _insufficient(
-            "no magnitude bucket passed the threshold (too few persons for the scale-free estimator "
-            "at this budget: it needs roughly 50/epsilon persons in one octave; or declare options.scale)",
-            accountant, start, params,
-        )
-    lower, upper = rng_out.lower, rng_out.upper
-    width = upper - lower
-    params.update({"range_lower": lower, "range_upper": upper, "range_retried": retried})
-
-    # Small data (the retry ran): the centre and the profile get larger shares (chosen from a DP
-    # outcome, within the fixed total).
-    boost = SMALL_DATA_BOOST if retried else 1.0
-
-    # 2. centre
-    b_centre = charge(STAGE_CENTRE, eps_total * CENTRE_SHARE * boost)
-    bins = CENTRE_BINS
-    center, bin_width = window_center(backend, column, group, b_centre.epsilon, noise, lower, upper, bins, refine=True)
-    params.update({"coarse_center": center, "bin_width": bin_width})
-
-    centre_error = bin_width / 4.0  # a guess of |mean - centre| (accuracy only)
-
-    # 3. deviation profile -> tail model
-    b_profile = charge(STAGE_PROFILE, eps_total * PROFILE_SHARE * boost)
-    # a total map of the DP range into finite spans (post-processing): no overflow to inf
-    low = max(width * 2.0**-PROFILE_OCTAVES_BELOW, 1e-300)
-    high = min(max(width * 2.0**PROFILE_OCTAVES_ABOVE, 2.0 * low), 1e300)
-    signed_counts = backend.log_histogram(column, center, group, PROFILE_SUB_EDGES)
-    profile = deviation_profile_from_counts(signed_counts, b_profile.epsilon, noise, low, high, PROFILE_SUB_EDGES)
-    model, fitted_nu, nu_used, tail_flag, overflow = tail_from_profile(profile, b_profile.epsilon, plan.k)
-
-    # 3b. tail balance: noisy persons beyond +x_a and beyond -x_a (x_a public, from the profile),
-    # only for a light fitted tail (a DP outcome; otherwise its share goes to the fine stage, within
-    # the fixed total) and a user moment order k, if any, no smaller than LIGHT_NU. It reuses the
-    # exact counts read under stage 3's charge; its own charge comes before its noise.
-    balanced = None
-    if model.nu >= LIGHT_NU and (plan.k is None or plan.k >= LIGHT_NU):
-        b_bal = charge(STAGE_BALANCE)
-        balanced = tail_balance(signed_counts, balance_edge(model), b_bal.epsilon, noise, PROFILE_SUB_EDGES)
-    del signed_counts
-    light_symmetric = bool(balanced)
+    setup = scale_free_stages(backend, column, plan, DEFAULT_SHARES, charge, noise, params, given_range)
+    if setup is None:
+        return _insufficient(INSUFFICIENT_REASON, accountant, start, params)
+    center, bin_width, centre_error, high = setup.center, setup.bin_width, setup.centre_error, setup.high
+    model, light_symmetric, balanced = setup.model, setup.light_symmetric, setup.balanced
+    fitted_nu, nu_used, tail_flag, overflow = setup.fitted_nu, setup.nu_used, setup.tail_flag, setup.overflow
 
     # 4. fine clip-and-noise, with what is left of the budget
     spent_eps, _ = composed_cost(accountant.charges[start:])
     eps_fine = eps_total - spent_eps
-    # (a shared range counted every group's persons: only the group's own profile counts here)
-    n_hat = max(0.0 if plan.shared_range else rng_out.noisy_total, profile.total, 1.0)
-    rho = balanced_radius(model, min(bin_width / 4.0, high / 2.0), 2.0 * high, n_hat * eps_fine, centre_error)
-    reach = RADIUS_REACH * measured_reach(profile, model)
+    rho = balanced_radius(model, min(bin_width / 4.0, high / 2.0), 2.0 * high, setup.n_hat * eps_fine, centre_error)
+    reach = RADIUS_REACH * setup.reach
     capped = rho > reach
     rho = min(rho, reach)
     if light_symmetric:  # light, two-sided tails: clip where the profile stops measuring, x 1.5
-        rho = min(rho, REACH_FACTOR * measured_reach(profile, model))
+        rho = min(rho, REACH_FACTOR * setup.reach)
     bias_bound = model.bias(rho)
     if light_symmetric:  # the clipped excesses of two balanced tails offset: the larger one bounds the bias
         bias_bound *= BALANCE_RATIO / (1.0 + BALANCE_RATIO)
@@ -562,9 +379,8 @@ def scale_free_person_mean(
     n_noisy, denom, deviation, estimate, scale = fine.n_noisy, fine.denom, fine.deviation, fine.estimate, fine.scale
 
     # error bar: (e_S - d e_N)/N~ + clipping-bias bound (order of products: no overflow near 1e300)
-    half = noise_and_sampling_quantile(scale / denom, (abs(deviation) / c) * (scale / denom), 0.0) + bias_bound
-    if not math.isfinite(half):
-        half = None
+    bar = noise_and_sampling_quantile(scale / denom, (abs(deviation) / c) * (scale / denom), 0.0) + bias_bound
+    half = bar if math.isfinite(bar) else None
     covers = (
         "the exact dataset statistic, at 90%: Laplace noise of the fine stage (sum and count) and a "
         "DP bound on the clipping bias"

@@ -13,7 +13,7 @@ from typing import Annotated, Union
 
 from pydantic import Field
 
-from spark_jobs.kinds import bhs23, count, covariance, distribution, mean, multivariate_mean, quantile
+from spark_jobs.kinds import bhs23, count, covariance, distribution, mean, multivariate_mean, quantile, total, variance
 from spark_jobs.kinds.base import Release, RunContext, StatisticConfigBase, StatisticKind
 
 #: Every statistic kind, in the order the docs list them.
@@ -26,6 +26,9 @@ REGISTRY: tuple[StatisticKind, ...] = (
     bhs23.GAUSSIAN,
     count.KIND,
     quantile.KIND,
+    variance.VARIANCE,
+    variance.STDDEV,
+    total.KIND,
 )
 
 #: YAML ``kind`` value -> its kind.

@@ -6,8 +6,9 @@ config model (a subclass of :class:`StatisticConfigBase` with ``kind: Literal[..
 (:mod:`spark_jobs.job`) knows no kind by name: it asks the kind
 
 - which per-person input it reads (:meth:`StatisticKind.value_columns`: the run's one shared
-  per-person summary of numeric columns; :meth:`StatisticKind.categorical_columns`: columns it
-  reads from the records itself, e.g. a distribution's category column),
+  per-person summary of numeric columns; :meth:`StatisticKind.derived_columns`: per-person columns
+  computed from that summary, e.g. a person's total; :meth:`StatisticKind.categorical_columns`:
+  columns it reads from the records itself, e.g. a distribution's category column),
 - whether the config is consistent with the job (:meth:`StatisticKind.check_job`),
 - its public plan (:meth:`StatisticKind.plan`; the dplib ``*Plan`` object whose ``charges`` are
   the privacy cost) and the dry-run line (:meth:`StatisticKind.describe`),
@@ -283,6 +284,18 @@ class RunContext:
     #: all groups, :meth:`StatisticKind.run_shared`); None otherwise.
     shared: Any = None
 
+    def aggregates_for(self, kind: "StatisticKind", stat) -> Any:
+        """The seam a statistic reads: ``aggregates`` itself, or, when its kind asks for derived
+        per-person columns (:meth:`StatisticKind.derived_columns`), the seam over the shared
+        summary with those columns added (:func:`spark_jobs.spark.derived.derived_aggregates`:
+        a projection of the cached summary; ``aggregates`` is left as it is)."""
+        derived = kind.derived_columns(stat)
+        if not derived or self.summary is None:  # a group's proxy: its summary has them already
+            return self.aggregates
+        from spark_jobs.spark.derived import derived_aggregates  # lazy: keeps pyspark out of Spark-free imports
+
+        return derived_aggregates(self.summary, derived)
+
     def summary_extras(self) -> dict:
         """The summary rules every release over the shared summary reports."""
         return {"m_min": self.cfg.summary.m_min, "max_records_per_person": self.cfg.summary.max_records_per_person}
@@ -333,6 +346,12 @@ class StatisticKind:
         """Run the shared plan of :meth:`grouped_plans` over ``aggregates`` (one value per
         person, every group pooled); its result reaches each group as ``ctx.shared``."""
         raise NotImplementedError
+
+    def derived_columns(self, stat) -> dict[str, tuple[str, str]]:
+        """Per-person columns derived from the shared summary, ``{name: (column, operation)}``
+        (operations: :data:`dplib.derived.OPERATIONS`, e.g. ``total`` = mean x records used), read
+        through :meth:`RunContext.aggregates_for`. ``column`` must be one of :meth:`value_columns`."""
+        return {}
 
     def needs_person_id(self, stat) -> bool:
         """True if the shared summary must keep the person id (e.g. to order persons by a key)."""

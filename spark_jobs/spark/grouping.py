@@ -32,6 +32,7 @@ from pyspark.sql import types as T
 from dplib.distribution.batches import KEY_SEPARATOR
 from dplib.groups import derive_salt
 from spark_jobs.spark.aggregates import SparkAggregates
+from spark_jobs.spark.derived import with_derived_columns
 from spark_jobs.spark.grouped import GID, SparkGroupedAggregates
 from spark_jobs.spark.keys import valid_id, with_salt
 from spark_jobs.spark.sqlnames import qcol
@@ -75,7 +76,7 @@ class SparkGroupedInput:
     """
 
     def __init__(self, records, unit_column, null_values, group_columns, keys, l0, value_columns, salt_hex,
-                 m_min=1, max_records_per_person=None, label_columns=None) -> None:
+                 m_min=1, max_records_per_person=None, label_columns=None, derived=None) -> None:
         self.group_columns = list(group_columns)
         self.value_columns = list(value_columns)
         spark = records.sparkSession
@@ -102,7 +103,10 @@ class SparkGroupedInput:
         rank = F.row_number().over(Window.partitionBy("_person").orderBy(h))
         kept = s.select("*", rank.alias("_rank")).where(F.col("_rank") <= F.lit(int(l0)))
         keep_cols = [GKEY, "_group", "_rank"] + [c for v in self.value_columns for c in (v, f"_m_{v}")]
-        self._summary = kept.select(*[qcol(c) for c in keep_cols]).persist()
+        kept = kept.select(*[qcol(c) for c in keep_cols])
+        if derived:  # per-(person, group) derived columns (e.g. a sum's totals), as on the shared summary
+            kept = with_derived_columns(kept, derived)
+        self._summary = kept.persist()
 
     def person_counts(self) -> dict[str, int]:
         """Exact persons per key after the L0 bound (for the selection mechanism only; O(keys) rows)."""

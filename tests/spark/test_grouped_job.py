@@ -40,25 +40,31 @@ def records(tmp_path_factory):
     path = tmp_path_factory.mktemp("grouped") / "records.parquet"
     pdf.to_parquet(path, index=False)
     person = pdf.groupby(["origin", "pid"])["x"].mean()
+    totals = pdf.groupby(["origin", "pid"])["x"].sum()
     truth = {o: (float(person[o].mean()), float(person[o].median()), int(person[o].size)) for o in GROUP_MEANS}
-    return str(path), truth
+    extra = {o: (float(person[o].var(ddof=0)), float(totals[o].sum())) for o in GROUP_MEANS}
+    return str(path), truth, extra
 
 
 def test_grouped_job_production_noise(spark, records, tmp_path):
-    path, truth = records
+    path, truth, extra = records
     grouped = {"group_by": ["origin"], "max_groups_per_person": 3}
     cfg = parse_config({
         "job_name": "grouped-production",
         "input": {"path": path, "format": "parquet"},
         "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 9.0, "delta": 1e-6},
+        "budget": {"epsilon": 15.0, "delta": 1e-6},
         "statistics": [
-            {"name": "mean_by_origin", "kind": "mean", "columns": ["x"], "share": 1 / 3, **grouped,
+            {"name": "mean_by_origin", "kind": "mean", "columns": ["x"], "share": 0.2, **grouped,
              "groups": {"keys": [["A"], ["B"], ["C"], ["D"]]}},
-            {"name": "median_by_origin", "kind": "quantile", "columns": ["x"], "share": 1 / 3, **grouped,
+            {"name": "median_by_origin", "kind": "quantile", "columns": ["x"], "share": 0.2, **grouped,
              "options": {"q": 0.5}, "groups": {"keys": [["A"], ["B"], ["C"]]}},
-            {"name": "persons_by_origin", "kind": "count", "columns": ["x"], "share": 1 / 3, **grouped,
+            {"name": "persons_by_origin", "kind": "count", "columns": ["x"], "share": 0.2, **grouped,
              "groups": {"select": "private"}},
+            {"name": "var_by_origin", "kind": "variance", "columns": ["x"], "share": 0.2, **grouped,
+             "groups": {"keys": [["A"], ["B"], ["C"]]}},
+            {"name": "sum_by_origin", "kind": "sum", "columns": ["x"], "share": 0.2, **grouped,
+             "groups": {"keys": [["A"], ["B"], ["C"]]}},
         ],
         "output": {"path": str(tmp_path)},
         "ledger": {"enabled": False},
@@ -67,12 +73,13 @@ def test_grouped_job_production_noise(spark, records, tmp_path):
     # every grouped stage shows the L0 multiplier; the composed cost is the budget
     assert any("per group x L0=3" in c.stage for c in plan.charges)
     assert any(c.stage == "persons_by_origin: partition selection" for c in plan.charges)
-    assert plan.cost[0] == pytest.approx(9.0)
+    assert plan.cost[0] == pytest.approx(15.0)
     result = run_job(cfg, spark=spark)  # production noise
     # everything but the shared range's retry (run only if its first run released nothing:
     # 5/6 of the mean's shared 24% of its 3.0)
     retry = next(c.budget.epsilon for c in plan.charges if c.stage == "mean_by_origin: all groups: magnitude range (retry)")
     assert retry == pytest.approx(3.0 * 0.24 * 5 / 6)
+    retry += sum(c.budget.epsilon for c in plan.charges if c.stage.endswith("(retry)") and "per group" in c.stage)
     assert plan.cost[0] - retry - 1e-9 <= result.epsilon_spent <= plan.cost[0] + 1e-9
     rows = {(r.statistic, json.dumps(r.group_key)): r for r in result.rows}
     for r in result.rows:
@@ -98,6 +105,16 @@ def test_grouped_job_production_noise(spark, records, tmp_path):
     for o, (mean, median, n) in truth.items():
         assert abs(counts[o].estimate[0] - n) <= 40, o  # Laplace scale 1/(3 x 0.9 / 3)... ~1.1 persons
     assert len(rows) == len(result.rows)
+    # variance and sum per group (the sum over the persons' totals: a derived per-(person,
+    # group) column of the grouped summary)
+    for stat, j, tol in (("var_by_origin", 0, 0.5), ("sum_by_origin", 1, 0.1)):
+        got = {r.group_key["origin"]: r for r in result.rows if r.statistic == stat}
+        assert set(got) == {"A", "B", "C"}
+        for o in GROUP_MEANS:
+            want = extra[o][j]
+            if got[o].status == "OK":
+                assert abs(got[o].estimate[0] - want) <= tol * abs(want) + 5.0, (stat, o, got[o].estimate, want)
+        assert sum(r.status == "OK" for r in got.values()) >= 2, stat
 
     # the long-format table: one row per statistic x group x coordinate
     long_path = str(tmp_path / "releases_long")

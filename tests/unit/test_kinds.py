@@ -86,7 +86,7 @@ def test_config_discriminates_on_kind():
     ({"kind": "mean", "columns": ["x"], "options": {"categories": ["a"]}},
      "statistics.0: options.categories is not an option of kind 'mean' (it is for kind 'distribution')"),
     ({"kind": "count", "columns": ["x"], "options": {"k": 4}},
-     "options.k is not an option of kind 'count' (it is for kind 'mean' / 'multivariate_mean')"),
+     "options.k is not an option of kind 'count' (it is for kind 'mean' / 'multivariate_mean' / 'stddev' / 'sum' / 'variance')"),
     ({"kind": "mean", "columns": ["x"], "options": {"scale": -1}}, "statistics.0.options.scale: must be finite"),
     ({"kind": "distribution", "columns": ["c"]}, "needs options.categories"),
     ({"kind": "count", "columns": ["x"], "options": {"nonsense": 1}}, "statistics.0.options.nonsense: unknown field"),

@@ -1,0 +1,496 @@
+"""The stages every scale-free estimator runs before its own final stage.
+
+Factored out of :mod:`dplib.mean.scale_free` (the univariate mean) so that the person-level
+variance (:mod:`dplib.variance`) and sum (:mod:`dplib.sums`) run the same private stages:
+
+1. magnitude range (thresholded or pure histogram of signed binary magnitudes; a retry with a
+   larger share only when the first run released nothing),
+2. centre (RangeEstimator on a window derived from the range, refined by a centroid),
+3. deviation profile (pure histogram of ``|Y - c|`` on half octaves) and its Student-t tail model,
+3b. tail balance (Laplace counts beyond ``+x_a`` and ``-x_a``; only for light fitted tails and an
+   estimator that declares a share for it).
+
+Every stage reads all of the statistic's persons and is charged before it draws noise; its
+outputs (:class:`ScaleFreeSetup`) are DP, and everything an estimator computes from them is
+post-processing. The constants and shares were tuned for the mean (``benchmarks/anchors``); an
+estimator may pass its own :class:`StageShares`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from dplib.aggregates import log_bin_bounds
+from dplib.budget import Accountant, Budget, Charge, composed_cost
+from dplib.errors import InvalidParameterError
+from dplib.groups import ALL_PERSONS, GroupRange
+from dplib.mean.params import check_moment_order
+from dplib.mean.ranges import (
+    DEFAULT_EXPONENT_RANGE,
+    HIDDEN_SD,
+    check_exponent_range,
+    check_octaves,
+    check_range_quantile,
+    DeviationProfile,
+    deviation_profile_from_counts,
+    hidden_mass,
+    magnitude_range,
+    measured_survival,
+    window_center,
+)
+from dplib.mean.tails import StudentTail, fit_student_tail, fit_student_tail_binned
+from dplib.mechanisms import NoiseSource, pure_dp_histogram
+from dplib.seam import Aggregates
+
+STAGE_RANGE = "magnitude range"
+STAGE_RANGE_RETRY = "magnitude range (retry)"
+STAGE_CENTRE = "centre"
+STAGE_PROFILE = "deviation profile"
+STAGE_BALANCE = "tail balance"
+#: Epsilon shares of the early stages (accuracy only: any shares summing to <= 1 are private).
+RANGE_SHARE = 0.04
+RANGE_RETRY_SHARE = 0.20
+CENTRE_SHARE = 0.04
+PROFILE_SHARE = 0.10
+#: Bins of the centre histogram per width of the private range.
+CENTRE_BINS = 8
+#: Factor on the centre and profile shares when stage 1 needed its retry (small data).
+SMALL_DATA_BOOST = 2.0
+#: The deviation profile spans [W 2^-PROFILE_OCTAVES_BELOW, W 2^PROFILE_OCTAVES_ABOVE] around the
+#: centre, W the width of the private range.
+PROFILE_OCTAVES_BELOW = 8
+PROFILE_OCTAVES_ABOVE = 5
+#: Half-octave bins: fewer bins, less noise in the survival counts than quarter octaves.
+PROFILE_SUB_EDGES = (2.0**0.5,)
+#: Degrees of freedom of the t tail when the profile measures too few tail bins to fit one.
+NU_FALLBACK = 3.0
+#: A survival count of the profile is read as measured at this many noise sds.
+MEASURED_SD = 3.0
+#: Beyond what the profile measures, the tail is taken NU_MARGIN degrees of freedom heavier than
+#: the fitted lower bound, but not heavier than NU_FLOOR unless the fit itself is: sparse far
+#: persons (a few aircraft with one extreme flight) are invisible to a DP histogram, and on real
+#: panels the t fitted to what is visible understated them (benchmarks/anchors: flights delays).
+NU_MARGIN = 2.0
+NU_FLOOR = 2.0
+#: Light, two-sided tails (see :func:`tail_balance`): epsilon share of the tail-balance counts,
+#: the fitted (point) t power from which a tail counts as light, the persons' share beyond the
+#: balance edge, the largest ratio of the two tails' counts read as balanced, the noise sds
+#: allowed, and the radius as a multiple of how far the profile measures. Measured on the
+#: anchors benchmark (24 seeds x 60 noise draws per cell): nlswork ln_wage 2.9x -> 1.5x the
+#: p1/p99 anchor; the flights delays, Lomax and the bounded RandHIE columns unchanged (their
+#: tails fit heavier than LIGHT_NU or are one-sided).
+BALANCE_SHARE = 0.05
+LIGHT_NU = 4.0
+BALANCE_SURVIVAL = 0.1
+BALANCE_RATIO = 1.5
+BALANCE_SD = 2.0
+REACH_FACTOR = 1.5
+#: A fitted tail (lower bound on nu) heavier than this (infinite variance) flags the bar.
+FLAG_NU = 2.0
+#: Overflow share of the deviation profile above which the bar is flagged.
+OVERFLOW_WARN = 0.01
+
+
+@dataclass(frozen=True)
+class StageShares:
+    """Epsilon shares of the scale-free stages that come before an estimator's final stage.
+
+    Accuracy only: any shares whose largest total stays below 1 are private (the final stage
+    gets what is left). ``balance = 0`` leaves the tail-balance stage out (an estimator whose
+    clipping bias has one sign, e.g. a variance, has nothing to balance). ``boost``: factor on
+    the centre and profile shares after the range retry (small data).
+
+    Raises
+    ------
+    InvalidParameterError
+        A share outside [0, 1), the range share 0, or largest shares summing to 1 or more.
+    """
+
+    range: float = RANGE_SHARE
+    range_retry: float = RANGE_RETRY_SHARE
+    centre: float = CENTRE_SHARE
+    profile: float = PROFILE_SHARE
+    balance: float = BALANCE_SHARE
+    boost: float = SMALL_DATA_BOOST
+
+    def __post_init__(self) -> None:
+        for name in ("range", "range_retry", "centre", "profile", "balance"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
+                raise InvalidParameterError(f"share {name} must be in [0, 1), got {v!r}")
+        if not (self.range > 0 and self.centre > 0 and self.profile > 0):
+            raise InvalidParameterError("the range, centre and profile shares must be > 0")
+        if not (isinstance(self.boost, (int, float)) and self.boost >= 1.0):
+            raise InvalidParameterError(f"boost must be >= 1, got {self.boost!r}")
+        if not self.final_share > 0:
+            raise InvalidParameterError("the largest early shares must sum to less than 1")
+
+    @property
+    def final_share(self) -> float:
+        """The final stage's nominal share: 1 minus the largest early shares (after a retry)."""
+        return 1.0 - self.range - self.range_retry - self.centre * self.boost - self.profile * self.boost - self.balance
+
+    def early_charges(self, budget: Budget, prefix: str, group: GroupRange, shared_range: bool = False) -> list[Charge]:
+        """Nominal charges of the early stages, in order (largest shares; delta split evenly
+        between the range and its retry; the tail balance only when its share is > 0).
+        ``shared_range``: the range stages are a shared plan's (a group of a ``group_by``
+        statistic), not listed here."""
+        eps, delta = budget.epsilon, budget.delta
+        ranges = [] if shared_range else [
+            (STAGE_RANGE, self.range, delta / 2.0),
+            (STAGE_RANGE_RETRY, self.range_retry, delta / 2.0),
+        ]
+        parts = ranges + [
+            (STAGE_CENTRE, self.centre * self.boost, 0.0),
+            (STAGE_PROFILE, self.profile * self.boost, 0.0),
+        ]
+        if self.balance > 0:
+            parts.append((STAGE_BALANCE, self.balance, 0.0))
+        return [Charge(f"{prefix}{name}", Budget(eps * share, d), group) for name, share, d in parts]
+
+
+#: The scale-free mean's shares.
+DEFAULT_SHARES = StageShares()
+
+
+def stage_charger(accountant: Accountant, charges: dict):
+    """``charge(stage, epsilon=None) -> Budget``: charge a planned stage to ``accountant`` (its
+    nominal budget, or ``epsilon`` with the stage's delta: an adaptive share chosen from earlier DP
+    outcomes) and return what was charged. Shared by the scale-free estimators."""
+
+    def charge(stage: str, epsilon: float | None = None) -> Budget:
+        c = charges[stage]
+        budget = c.budget if epsilon is None else Budget(epsilon, c.budget.delta)
+        accountant.charge(c.stage, budget, c.group)
+        return budget
+
+    return charge
+
+
+def tail_from_profile(profile, epsilon: float, k: float | None, measured_sd: float = MEASURED_SD):
+    """The tail model of a deviation profile, as the bias bounds use it (post-processing only).
+
+    Fits the Student-t tail (binned counts; the fallback ``NU_FALLBACK`` when nothing beyond the
+    first edge is measured), takes it ``NU_MARGIN`` degrees of freedom heavier (not below
+    ``min(nu, NU_FLOOR)``), capped at ``k`` when given, and computes the tail flag.
+
+    Returns
+    -------
+    (model, fitted_nu, nu_used, tail_flag, overflow_share)
+    """
+    xs, ss, snr, limit = measured_survival(profile, epsilon, measured_sd, visible_top=True)
+    if limit > 0:  # nothing measured beyond the first edge: the fallback tail from the detection limit
+        model = fit_student_tail(xs, ss, snr, NU_FALLBACK)
+    else:
+        model = fit_student_tail_binned(profile.edges, profile.raw_weights, epsilon, NU_FALLBACK, xs, ss)
+    fitted_nu = model.nu_lower
+    nu_used = max(fitted_nu - NU_MARGIN, min(fitted_nu, NU_FLOOR))
+    if k is not None:  # the user's moment order caps how light the tail may be taken
+        nu_used = min(nu_used, k)
+    model = dataclasses.replace(model, nu_lower=nu_used)
+    hidden, hidden_sd = hidden_mass(profile, epsilon)
+    overflow = profile.overflow_share()
+    tail_flag = bool(fitted_nu < FLAG_NU or overflow > OVERFLOW_WARN or hidden > HIDDEN_SD * hidden_sd)
+    return model, fitted_nu, nu_used, tail_flag, overflow
+
+
+def balance_edge(model) -> float:
+    """The edge beyond which the tail balance counts persons: the first measured edge whose
+    survival is at most ``BALANCE_SURVIVAL`` (else the last measured edge). Post-processing."""
+    xs, ss = np.asarray(model.edges, float), np.asarray(model.survival, float)
+    idx = np.nonzero((xs > 0) & (ss <= BALANCE_SURVIVAL))[0]
+    return float(xs[idx[0]]) if idx.size else float(xs[-1])
+
+
+def tail_counts(signed_counts: dict, x_a: float, sub_edges) -> np.ndarray:
+    """Exact ``[#(Y - c >= x_a), #(Y - c <= -x_a)]`` from signed log-bin counts whose bins start
+    at or beyond ``x_a`` (``x_a`` a bin edge). A person is in at most one of the two."""
+    exact = np.zeros(2)
+    for key, cnt in signed_counts.items():
+        if key == 0:
+            continue
+        lo, _ = log_bin_bounds(key, sub_edges)
+        if lo >= x_a:
+            exact[0 if key > 0 else 1] += cnt
+    return exact
+
+
+def tail_balance(signed_counts: dict, x_a: float, epsilon: float, noise: NoiseSource, sub_edges) -> bool:
+    """Release the persons beyond ``+x_a`` and beyond ``-x_a`` (``Y - c >= x_a``, ``Y - c <= -x_a``)
+    with Laplace(1/epsilon) each; True when both tails are measured (the smaller count at least
+    ``BALANCE_SD`` noise sds) and neither holds more than ``BALANCE_RATIO`` times the other (up to
+    ``BALANCE_SD`` sds of the difference's noise). Post-processing decides. False, with no noise
+    drawn, when ``x_a`` is not positive and finite (nothing to count).
+
+    ``signed_counts`` are the exact signed log-bin counts (:meth:`Aggregates.log_histogram`) of
+    ``Y - c``; ``x_a`` must be one of their bin edges (a profile edge), so whole bins are counted.
+
+    Privacy
+    -------
+    epsilon-DP under add/remove: a person lies in at most one of the two counts (l1 sensitivity 1).
+    """
+    if not (x_a > 0 and math.isfinite(x_a)):
+        return False
+    exact = tail_counts(signed_counts, x_a, sub_edges)
+    noisy, scale = pure_dp_histogram(exact, epsilon, noise)
+    del exact
+    hi_side, lo_side = float(max(noisy[0], noisy[1])), float(min(noisy[0], noisy[1]))
+    measured = lo_side >= BALANCE_SD * math.sqrt(2.0) * scale
+    sd_difference = math.sqrt(2.0 * (1.0 + BALANCE_RATIO**2)) * scale
+    return bool(measured and hi_side - BALANCE_RATIO * lo_side <= BALANCE_SD * sd_difference)
+
+
+def strict_tail(setup: "ScaleFreeSetup", k: float | None, measured_sd: float) -> StudentTail:
+    """The tail model of the setup's deviation profile with survival counts read as measured only
+    at ``measured_sd`` noise sds (instead of ``MEASURED_SD``): a lone far bin whose noise clears
+    the usual 3 sds (a few runs in a hundred) no longer reads as persons out there. For choosing a
+    radius when the noise grows fast with it (a variance); bias bounds keep ``setup.model``.
+    Post-processing only."""
+    return tail_from_profile(setup.profile, setup.profile_epsilon, k, measured_sd)[0]
+
+
+def point_tail(setup: "ScaleFreeSetup", nu_floor: float) -> StudentTail:
+    """The setup's tail model with the point fit of ``nu`` (at least ``nu_floor``) beyond what the
+    profile measures, instead of the conservative ``nu_lower``: for choosing a radius (accuracy
+    only), never for a bias bound. Post-processing."""
+    return dataclasses.replace(setup.model, nu_lower=max(float(setup.model.nu), nu_floor))
+
+
+def measured_reach(profile, model) -> float:
+    """How far the deviation profile sees: the larger of the last measured survival edge of
+    ``model`` and the top of the highest bin clearing the noise floor (post-processing only)."""
+    visible = np.nonzero(profile.weights[:-1] > 0)[0]
+    x_vis = float(profile.edges[visible[-1] + 1]) if visible.size else float(profile.edges[1])
+    return max(float(model.edges[-1]), x_vis)
+
+
+INSUFFICIENT_REASON = (
+    "no magnitude bucket passed the threshold (too few persons for the scale-free estimator "
+    "at this budget: it needs roughly 50/epsilon persons in one octave; or declare options.scale)"
+)
+
+
+@dataclass(frozen=True)
+class ScaleFreeSetup:
+    """DP outputs of the scale-free stages before the final one (every field DP or public).
+
+    ``center``: the private centre c; ``bin_width``: the centre histogram's bin width (a quarter
+    of it is the working guess of |mean - c|, ``centre_error``); ``low``, ``high``: the span of
+    the deviation profile; ``profile`` and ``model``: the deviation profile of ``|Y - c|`` and its
+    tail model (:func:`tail_from_profile`); ``balanced``: the tail-balance outcome (None: not
+    run); ``n_hat``: a DP estimate of the number of persons (post-processing of stages 1 and 3);
+    ``reach``: how far the profile measures (:func:`measured_reach`); ``profile_epsilon``: the
+    profile's epsilon (its bins carry Laplace(1/profile_epsilon) noise).
+    """
+
+    lower: float
+    upper: float
+    retried: bool
+    center: float
+    bin_width: float
+    low: float
+    high: float
+    profile: DeviationProfile
+    model: StudentTail
+    fitted_nu: float
+    nu_used: float
+    tail_flag: bool
+    overflow: float
+    balanced: bool | None
+    n_hat: float
+    reach: float
+    profile_epsilon: float
+
+    @property
+    def centre_error(self) -> float:
+        return self.bin_width / 4.0  # a guess of |mean - centre| (accuracy only)
+
+    @property
+    def light_symmetric(self) -> bool:
+        return bool(self.balanced)
+
+
+def scale_free_stages(
+    backend: Aggregates,
+    column: str,
+    plan,
+    shares: StageShares,
+    charge,
+    noise: NoiseSource,
+    params: dict,
+    given_range=None,
+) -> ScaleFreeSetup | None:
+    """Stages 1-3b of the scale-free estimators: magnitude range (and its retry), centre,
+    deviation profile and (if ``shares.balance > 0`` and the fitted tail is light) tail balance.
+
+    ``plan`` supplies ``budget``, ``group``, ``k``, ``range_quantile``, ``exponent_range`` and
+    ``range_octaves``; ``charge`` is a :func:`stage_charger` over the plan's charges, called
+    before each stage reads its persons. Adds the stages' public outputs to ``params``. With
+    ``plan.shared_range`` (a group of a ``group_by`` statistic), stage 1 does not run: its DP
+    output ``given_range`` (a :class:`dplib.mean.scale_free.SharedRange`, found once for all
+    groups) is used.
+
+    Returns
+    -------
+    ScaleFreeSetup, or None when stage 1 released no bucket in either run (the range and its
+    retry were charged; nothing else).
+
+    Privacy
+    -------
+    Add/remove one person: the range is (eps1, delta/2)-DP per run, the centre, profile and
+    balance histograms are pure (one person in one bin of each); the shares are fixed or chosen
+    from earlier DP outcomes within the plan's total (basic composition).
+    """
+    eps_total = plan.budget.epsilon
+    group = plan.group
+
+    # 1. magnitude range (a retry with a larger share only if the first run released nothing)
+    shared = bool(getattr(plan, "shared_range", False))
+    if shared:
+        if given_range is None:
+            raise InvalidParameterError("a plan with shared_range needs the shared stage's given_range")
+        rng_out, retried = given_range.range, given_range.retried
+    else:
+        b = charge(STAGE_RANGE)
+        rng_out = magnitude_range(
+            backend, column, group, b.epsilon, b.delta, noise, plan.range_quantile, plan.exponent_range,
+            plan.range_octaves,
+        )
+        retried = rng_out is None
+    if retried and not shared:
+        b = charge(STAGE_RANGE_RETRY)
+        rng_out = magnitude_range(
+            backend, column, group, b.epsilon, b.delta, noise, plan.range_quantile, plan.exponent_range,
+            plan.range_octaves,
+        )
+    if rng_out is None:
+        params["range_retried"] = retried
+        return None
+    lower, upper = rng_out.lower, rng_out.upper
+    width = upper - lower
+    params.update({"range_lower": lower, "range_upper": upper, "range_retried": retried})
+
+    # Small data (the retry ran): the centre and the profile get larger shares (chosen from a DP
+    # outcome, within the fixed total).
+    boost = shares.boost if retried else 1.0
+
+    # 2. centre
+    b_centre = charge(STAGE_CENTRE, eps_total * shares.centre * boost)
+    center, bin_width = window_center(
+        backend, column, group, b_centre.epsilon, noise, lower, upper, CENTRE_BINS, refine=True
+    )
+    params.update({"coarse_center": center, "bin_width": bin_width})
+
+    # 3. deviation profile -> tail model
+    b_profile = charge(STAGE_PROFILE, eps_total * shares.profile * boost)
+    # a total map of the DP range into finite spans (post-processing): no overflow to inf
+    low = max(width * 2.0**-PROFILE_OCTAVES_BELOW, 1e-300)
+    high = min(max(width * 2.0**PROFILE_OCTAVES_ABOVE, 2.0 * low), 1e300)
+    signed_counts = backend.log_histogram(column, center, group, PROFILE_SUB_EDGES)
+    profile = deviation_profile_from_counts(signed_counts, b_profile.epsilon, noise, low, high, PROFILE_SUB_EDGES)
+    model, fitted_nu, nu_used, tail_flag, overflow = tail_from_profile(profile, b_profile.epsilon, plan.k)
+
+    # 3b. tail balance: noisy persons beyond +x_a and beyond -x_a (x_a public, from the profile),
+    # only for a light fitted tail (a DP outcome; otherwise its share goes to the final stage,
+    # within the fixed total) and a user moment order k, if any, no smaller than LIGHT_NU. It
+    # reuses the exact counts read under stage 3's charge; its own charge comes before its noise.
+    balanced = None
+    if shares.balance > 0 and model.nu >= LIGHT_NU and (plan.k is None or plan.k >= LIGHT_NU):
+        b_bal = charge(STAGE_BALANCE)
+        balanced = tail_balance(signed_counts, balance_edge(model), b_bal.epsilon, noise, PROFILE_SUB_EDGES)
+    del signed_counts
+    # (a shared range counted every group's persons: only the group's own profile counts then)
+    n_hat = max(0.0 if shared else rng_out.noisy_total, profile.total, 1.0)
+    return ScaleFreeSetup(
+        lower, upper, retried, center, bin_width, low, high, profile, model, fitted_nu, nu_used, tail_flag, overflow,
+        balanced, n_hat, measured_reach(profile, model), b_profile.epsilon,
+    )
+
+
+
+
+@dataclass(frozen=True)
+class ScaleFreeStagesPlan:
+    """Public plan of an estimator that runs the scale-free stages and then one final stage.
+
+    Subclasses set :attr:`shares` (the early stages' shares) and :attr:`final_stage` (its name);
+    the final stage's nominal charge is what the early stages leave at their largest shares, and
+    at run time it gets whatever they did not use (the total never exceeds ``budget``).
+
+    Parameters
+    ----------
+    budget : Budget
+        The statistic's budget. delta > 0: the range stage uses the thresholded histogram, delta
+        split evenly between its run and its retry; delta == 0: Laplace over ``exponent_range``.
+    k : float or None
+        Cap on the tail model's degrees of freedom (``>= 2``, or inf); None: none.
+    range_quantile : float
+        Fraction of persons the range must hold, in [0.5, 1).
+    range_octaves : int
+        Octaves per bucket of the range histogram.
+    exponent_range : (int, int)
+        Binary exponents of the pure-DP magnitude buckets (delta == 0 only).
+    group : GroupRange
+        The persons the statistic reads.
+
+    Raises
+    ------
+    InvalidParameterError
+    """
+
+    budget: Budget
+    k: float | None = None
+    range_quantile: float = 0.9
+    range_octaves: int = 1
+    exponent_range: tuple[int, int] = DEFAULT_EXPONENT_RANGE
+    group: GroupRange = ALL_PERSONS
+
+    #: the early stages' shares and the final stage's name (set by each estimator)
+    shares: ClassVar[StageShares] = DEFAULT_SHARES
+    final_stage: ClassVar[str] = "final"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, Budget):
+            raise InvalidParameterError("budget must be a dplib.budget.Budget")
+        check_range_quantile(self.range_quantile, "range_quantile")
+        if self.k is not None:
+            object.__setattr__(self, "k", check_moment_order(self.k))
+        check_octaves(self.range_octaves, "range_octaves")
+        check_exponent_range(self.exponent_range)
+
+    def charges(self, prefix: str = "") -> list[Charge]:
+        """Nominal charges in order (early stages at their largest shares, then the final stage);
+        their composed cost is the budget."""
+        final = Budget(self.budget.epsilon * self.shares.final_share, 0.0)
+        return self.shares.early_charges(self.budget, prefix, self.group) + [
+            Charge(f"{prefix}{self.final_stage}", final, self.group)
+        ]
+
+    def cost(self) -> Budget:
+        eps, delta = composed_cost(self.charges())
+        return Budget(eps, delta)
+
+    def describe(self) -> dict:
+        """Public parameters, JSON-friendly (no data-dependent value)."""
+        return {
+            "composition": "sequential; every stage reads all persons",
+            "stages": [{"stage": c.stage, "epsilon": c.budget.epsilon, "delta": c.budget.delta} for c in self.charges()],
+            "range_quantile": self.range_quantile,
+            "tail_nu_cap": self.k,
+            "exponent_range": list(self.exponent_range) if self.budget.delta == 0 else None,
+        }
+
+    def begin(self, accountant: Accountant | None, prefix: str):
+        """``(accountant, charge, start, params)`` for a run: the accountant (default: limited to
+        the budget) checked against every nominal charge before anything is charged, a
+        :func:`stage_charger` over them, the index of this run's first charge, and the public
+        parameters. Raises :class:`~dplib.errors.BudgetExceededError` when the plan does not fit."""
+        accountant = accountant if accountant is not None else Accountant(self.budget)
+        charges = {c.stage[len(prefix):]: c for c in self.charges(prefix)}
+        accountant.check(list(charges.values()))
+        return accountant, stage_charger(accountant, charges), len(accountant.charges), self.describe()
