@@ -116,6 +116,7 @@ def _coverage(kind: str):
     return hits, shrunk_hits, runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gaussian", "t10", "sum"])
 def test_error_bar_coverage_with_power(kind):
     hits, shrunk, runs = _coverage(kind)

@@ -161,6 +161,7 @@ def test_final_stage_sensitivity_on_extreme_neighbours(extreme, center, radius):
                                      abs=1e-6 * (radius + abs(center)))
 
 
+@pytest.mark.slow
 def test_persons_upper_bounds_the_count():
     """The 0.99 bound from the profile's noisy total is at least the number of persons in at
     least 99% of runs (here: in all of 12), and not far above it."""
