@@ -355,6 +355,62 @@ def test_magnitude_range_pure_accuracy_moderate_n():
     assert ok >= 8
 
 
+def test_keep_confident_runs_hand_cases():
+    """Runs of line-adjacent non-empty buckets: the run of the noisy maximum stays, a far run
+    stays only above the strict floor; the zero bucket joins the runs on both sides of it."""
+    from dplib.mean.ranges import _key, _keep_confident_runs
+
+    keys = [0] + [_key(e, s) for s in (-1, 1) for e in range(-3, 4)]
+    ix = {k: i for i, k in enumerate(keys)}
+    w = np.zeros(len(keys))
+    w[ix[_key(2, 1)]] = 500.0  # [4, 8): the data
+    w[ix[_key(1, 1)]] = 50.0   # [2, 4): adjacent, kept
+    w[ix[_key(-2, 1)]] = 30.0  # [0.25, 0.5): far, below strict
+    w[ix[_key(3, -1)]] = 40.0  # [-16, -8): far, below strict
+    out = _keep_confident_runs(keys, list(w), w, strict=100.0)
+    kept = {keys[i] for i, v in enumerate(out) if v > 0}
+    assert kept == {_key(2, 1), _key(1, 1)}
+    # a far run above the strict floor is real data: kept
+    w[ix[_key(3, -1)]] = 150.0
+    out = _keep_confident_runs(keys, list(w), w, strict=100.0)
+    assert {keys[i] for i, v in enumerate(out) if v > 0} == {_key(2, 1), _key(1, 1), _key(3, -1)}
+    # -[0.125, 0.25), zero, +[0.125, 0.25) form one run with the maximum in it
+    w = np.zeros(len(keys))
+    w[ix[_key(-3, -1)]], w[ix[0]], w[ix[_key(-3, 1)]] = 20.0, 300.0, 20.0
+    out = _keep_confident_runs(keys, list(w), w, strict=100.0)
+    assert {keys[i] for i, v in enumerate(out) if v > 0} == {_key(-3, -1), 0, _key(-3, 1)}
+
+
+def test_magnitude_range_pure_no_spurious_far_bucket():
+    """Regression (production run, stop 27): at 1,000 persons and a range epsilon of 0.035, one
+    empty bucket of the 201 passes the noise floor in ~5% of runs; far from the data it held
+    the 10% the q = 0.9 window may leave out, and the window grew to 2^50 (the mean was off by
+    up to 1e15). Now no window leaves [1, 16) in 2,000 seeds, where the floor alone lets one
+    through a window beyond 2^20 in ~1% (power: the old rule is measured here too)."""
+    from dplib.mean import ranges
+
+    rng = np.random.default_rng(11)
+    y = rng.normal(5.0, 2.0, size=1000)
+    exact = _backend(y).log_histogram("v", 0.0, ALL_PERSONS)
+    wide = sum(
+        1 for seed in range(2000)
+        if (r := ranges.magnitude_range_from_counts(exact, 0.035, 0.0, SeededNoise(seed))) is None
+        or r.lower < -1.0 or r.upper > 16.0
+    )
+    assert wide == 0
+    keep = ranges._keep_confident_runs
+    try:
+        ranges._keep_confident_runs = lambda keys, weights, noisy, strict: weights
+        old = sum(
+            1 for seed in range(2000)
+            if (r := ranges.magnitude_range_from_counts(exact, 0.035, 0.0, SeededNoise(seed))) is not None
+            and r.upper > 2.0**20
+        )
+    finally:
+        ranges._keep_confident_runs = keep
+    assert old >= 10  # 19 measured; a binomial(2000, 0.0095) is below 10 with probability < 1%
+
+
 # ------------------------------------------------------------------------------------------------
 # window_center
 # ------------------------------------------------------------------------------------------------
