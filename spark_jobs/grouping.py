@@ -12,8 +12,9 @@ aggregation). Its budget (the statistic's share of the job's) is spent as follow
   says, on that group's persons). A person contributes to at most L0 groups (the keyed-hash
   choice of :mod:`spark_jobs.spark.grouping`) and the groups' estimators read disjoint
   (person, group) summaries, so the person's privacy loss is at most L0 times a group's: the
-  statistic's budget, by basic composition. The mean (without options.scale) shares its
-  magnitude-range stage: run once on one value per person before the groups (docs/privacy/grouped.md).
+  statistic's budget, by basic composition. The mean (without options.scale) finds its range,
+  centre and deviation profile once, on one value per person, before the groups
+  (:mod:`dplib.mean.per_group`, docs/privacy/grouped.md).
 
 The whole grouped cost is charged to the run's accountant before the first group draws noise
 (groups that stop early refund nothing: the charge is the plan's).

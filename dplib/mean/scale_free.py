@@ -59,7 +59,7 @@ from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.error_bars import noise_and_sampling_quantile
 from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import (
-    DEFAULT_EXPONENT_RANGE, MagnitudeRange, check_exponent_range, check_octaves, check_range_quantile, magnitude_range,
+    DEFAULT_EXPONENT_RANGE, MagnitudeRange, check_exponent_range, check_octaves, check_range_quantile,
 )
 from dplib.mean.scale_free_stages import (  # the early stages; re-exported (see __all__)
     BALANCE_RATIO,
@@ -165,7 +165,8 @@ class ScaleFreeMeanPlan:
     range_octaves: int = 1
     exponent_range: tuple[int, int] = DEFAULT_EXPONENT_RANGE
     group: GroupRange = ALL_PERSONS
-    #: True: stage 1 is not this plan's: the range comes from a :class:`SharedRangePlan` run once
+    #: True: stage 1 is not this plan's: the range comes from the shared stages
+    #: (:func:`dplib.mean.per_group.shared_scale`) run once
     #: for all groups of a ``group_by`` statistic (``given_range`` of the estimator), and its
     #: share goes to the fine stage.
     shared_range: bool = False
@@ -216,70 +217,12 @@ def _insufficient(reason: str, accountant: Accountant, start: int, params: dict)
     return MeanRelease(STATUS_INSUFFICIENT, None, None, ERROR_LEVEL, f"none: {reason}", None, eps, delta, params)
 
 
-#: Share of a grouped mean's budget (after selection) spent once on the shared range stage.
-SHARED_RANGE_SHARE = RANGE_SHARE + RANGE_RETRY_SHARE
-
-
 @dataclass(frozen=True)
 class SharedRange:
     """The magnitude range found once for every group of a grouped mean (every field DP)."""
 
     range: MagnitudeRange | None
     retried: bool
-
-
-@dataclass(frozen=True)
-class SharedRangePlan:
-    """Stage 1 of the scale-free mean run once for all groups of a ``group_by`` statistic, on
-    **one value per person** (the person's value in one of its groups, chosen by the keyed hash
-    of :mod:`spark_jobs.spark.grouping`): sensitivity 1, as the ungrouped stage. ``budget`` is
-    split as the ungrouped stage's first run and retry (the retry only if the first run released
-    nothing). The per-group plans (``ScaleFreeMeanPlan(shared_range=True)``) then skip stage 1.
-    """
-
-    budget: Budget
-    range_quantile: float = 0.9
-    range_octaves: int = 1
-    exponent_range: tuple[int, int] = DEFAULT_EXPONENT_RANGE
-    group: GroupRange = ALL_PERSONS
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.budget, Budget):
-            raise InvalidParameterError("budget must be a dplib.budget.Budget")
-        check_range_quantile(self.range_quantile, "range_quantile")
-        check_octaves(self.range_octaves, "range_octaves")
-        check_exponent_range(self.exponent_range)
-
-    def charges(self, prefix: str = "") -> list[Charge]:
-        eps, delta = self.budget.epsilon, self.budget.delta
-        first = RANGE_SHARE / SHARED_RANGE_SHARE
-        return [
-            Charge(f"{prefix}{STAGE_RANGE}", Budget(eps * first, delta / 2.0), self.group),
-            Charge(f"{prefix}{STAGE_RANGE_RETRY}", Budget(eps * (1.0 - first), delta / 2.0), self.group),
-        ]
-
-
-def shared_magnitude_range(
-    backend: Aggregates, column: str, plan: SharedRangePlan, noise: NoiseSource, accountant: Accountant,
-    stage_prefix: str = "",
-) -> SharedRange:
-    """Run a :class:`SharedRangePlan` (charged to ``accountant`` before each run's noise) over
-    ``backend``, whose persons must hold one value each (pooled over groups).
-
-    Privacy: as stage 1 of :func:`scale_free_person_mean`: (eps, delta/2)-DP per run on persons
-    with one value each."""
-    charges = {c.stage[len(stage_prefix):]: c for c in plan.charges(stage_prefix)}
-    accountant.check(list(charges.values()))
-    charge = stage_charger(accountant, charges)
-    b = charge(STAGE_RANGE)
-    out = magnitude_range(backend, column, plan.group, b.epsilon, b.delta, noise, plan.range_quantile,
-                          plan.exponent_range, plan.range_octaves)
-    if out is not None:
-        return SharedRange(out, False)
-    b = charge(STAGE_RANGE_RETRY)
-    out = magnitude_range(backend, column, plan.group, b.epsilon, b.delta, noise, plan.range_quantile,
-                          plan.exponent_range, plan.range_octaves)
-    return SharedRange(out, True)
 
 
 def balanced_radius(model, low: float, high: float, n_eps: float, centre_error: float) -> float:

@@ -117,6 +117,8 @@ class StageShares:
     profile: float = PROFILE_SHARE
     balance: float = BALANCE_SHARE
     boost: float = SMALL_DATA_BOOST
+    #: False: no final stage follows (a shared stage of a grouped mean): the shares may sum to 1.
+    final: bool = True
 
     def __post_init__(self) -> None:
         for name in ("range", "range_retry", "centre", "profile", "balance"):
@@ -127,7 +129,7 @@ class StageShares:
             raise InvalidParameterError("the range, centre and profile shares must be > 0")
         if not (isinstance(self.boost, (int, float)) and self.boost >= 1.0):
             raise InvalidParameterError(f"boost must be >= 1, got {self.boost!r}")
-        if not self.final_share > 0:
+        if not (self.final_share > 0 or (not self.final and self.final_share > -1e-12)):
             raise InvalidParameterError("the largest early shares must sum to less than 1")
 
     @property

@@ -17,8 +17,13 @@ from pydantic import field_validator, model_validator
 from dplib.mean.scale_free import ALGORITHM as SF_ALGORITHM
 from dplib.mean.scale_free import ALGORITHM_VERSION as SF_VERSION
 from dplib.budget import Budget
+from dplib.mean.per_group import ALGORITHM as GROUP_ALGORITHM
+from dplib.mean.per_group import ALGORITHM_VERSION as GROUP_VERSION
+from dplib.mean.per_group import (
+    COUNT_SHARE, OWN_STAGES_N_EPS, SHARED_SHARE, GroupMeanPlan, SharedScalePlan, group_person_mean, shared_scale,
+)
 from dplib.mean.scale_free import (
-    SHARED_RANGE_SHARE, ScaleFreeMeanPlan, SharedRangePlan, scale_free_person_mean, shared_magnitude_range,
+    ScaleFreeMeanPlan, scale_free_person_mean,
 )
 from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import check_exponent_range
@@ -162,30 +167,33 @@ class MeanKind(StatisticKind):
         )
 
     def grouped_plans(self, stat: MeanStatistic, cfg, fraction: float, l0: int):
-        """The scale-free mean per group shares its stage 1 (the magnitude range, which needs the
-        most persons) across groups: run once on one value per person with
-        ``SHARED_RANGE_SHARE`` of the groups' budget; each group runs stages 2-4 on its own
-        persons with the rest divided by L0. A declared ``options.scale``: no shared stage."""
+        """The scale-free mean per group finds its scales once for all groups
+        (:mod:`dplib.mean.per_group`): range, centre and deviation profile on one value per
+        person with ``SHARED_SHARE`` of the groups' epsilon (and all their delta); each group
+        then spends the rest / L0 on a noisy count and either its own stages (enough persons x
+        epsilon) or one clip-and-noise around the pooled centre. A declared ``options.scale``:
+        no shared stage."""
         if stat.options.scale is not None:
             return super().grouped_plans(stat, cfg, fraction, l0)
-        shared = SharedRangePlan(budget=stat.budget(cfg).scaled(fraction * SHARED_RANGE_SHARE),
-                                 exponent_range=stat.options.exponent_range)
-        share = stat.share * fraction * (1.0 - SHARED_RANGE_SHARE) / l0
-        inner_stat = per_group_statistic(stat, share)
-        b = inner_stat.budget(cfg)
-        inner = ScaleFreeMeanPlan(budget=Budget(b.epsilon, b.delta), k=stat.options.k,
-                                  exponent_range=stat.options.exponent_range, shared_range=True)
+        b = stat.budget(cfg)
+        shared = SharedScalePlan(budget=Budget(b.epsilon * fraction * SHARED_SHARE, b.delta * fraction),
+                                 k=stat.options.k, exponent_range=stat.options.exponent_range)
+        share = stat.share * fraction * (1.0 - SHARED_SHARE) / l0
+        g = per_group_statistic(stat, share).budget(cfg)
+        inner = GroupMeanPlan(budget=Budget(g.epsilon, 0.0), k=stat.options.k,
+                              exponent_range=stat.options.exponent_range)
         return shared, inner, share
 
     def run_shared(self, stat: MeanStatistic, plan, aggregates, ctx: RunContext):
-        return shared_magnitude_range(aggregates, stat.columns[0], plan, ctx.noise, ctx.accountant,
-                                      f"{stat.name}: all groups: ")
+        return shared_scale(aggregates, stat.columns[0], plan, ctx.noise, ctx.accountant, f"{stat.name}: all groups: ")
 
     def describe(self, name: str, plan) -> str:
-        if isinstance(plan, ScaleFreeMeanPlan) and plan.shared_range:
+        if isinstance(plan, GroupMeanPlan):
             cap = "" if plan.k is None else f", tail nu capped at k={plan.k:g}"
-            return (f"  {name}: scale-free, range shared by all groups (found once on one value per person); "
-                    f"per group: 8% centre, 20% profile (at most), 5% tail balance, the rest to clip-and-noise{cap}")
+            return (f"  {name}: scale-free, range, centre and deviation profile found once for all groups on one "
+                    f"value per person ({SHARED_SHARE:.0%} of the epsilon); per group: {COUNT_SHARE:.0%} noisy "
+                    f"count, then its own centre and profile if noisy persons x epsilon >= {OWN_STAGES_N_EPS:g}, "
+                    f"else one clip-and-noise around the pooled centre{cap}")
         if isinstance(plan, UnivariateMeanPlan):
             return (f"  {name}: declared scale {plan.scale:g}: bin width r={plan.bin_width:.4g}, "
                     f"coarse error bound u={plan.coarse_error_bound:.4g}, k={plan.k:g}")
@@ -197,9 +205,11 @@ class MeanKind(StatisticKind):
     def run(self, stat: MeanStatistic, plan, ctx: RunContext) -> Release:
         column = stat.columns[0]
         prefix = f"{stat.name}: "
-        if isinstance(plan, ScaleFreeMeanPlan):
-            rel = scale_free_person_mean(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, prefix,
-                                         given_range=ctx.shared)
+        if isinstance(plan, GroupMeanPlan):
+            rel = group_person_mean(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, prefix, shared=ctx.shared)
+            algorithm, version = GROUP_ALGORITHM, GROUP_VERSION
+        elif isinstance(plan, ScaleFreeMeanPlan):
+            rel = scale_free_person_mean(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, prefix)
             algorithm, version = SF_ALGORITHM, SF_VERSION
         else:
             rel = univariate_person_mean(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, prefix)

@@ -169,9 +169,14 @@ def test_grouped_cost_is_the_statistics_budget(kind, opts, groups):
     per = [c for c in plan.charges("s: ") if "per group x L0=4" in c.stage]
     inner = composed_cost(plan.inner.charges())
     assert sum(c.budget.epsilon for c in per) == pytest.approx(4 * inner[0])
-    if kind == "mean":  # the range is found once for all groups
-        assert [c.stage for c in plan.charges("s: ") if "all groups" in c.stage] == [
-            "s: all groups: magnitude range", "s: all groups: magnitude range (retry)"]
+    if kind == "mean":  # range, centre and profile are found once for all groups, with 30% of epsilon
+        shared = [c for c in plan.charges("s: ") if "all groups" in c.stage]
+        assert [c.stage for c in shared] == [
+            "s: all groups: magnitude range", "s: all groups: magnitude range (retry)", "s: all groups: centre",
+            "s: all groups: deviation profile"]
+        rest = 0.8 if "select" in groups else 1.0
+        assert sum(c.budget.epsilon for c in shared) == pytest.approx(0.3 * rest)
+        assert sum(c.budget.delta for c in shared) == pytest.approx(0.5e-6 * rest)
     if "select" in groups:
         sel = plan.charges("s: ")[0]
         assert sel.stage == "s: partition selection" and sel.budget.epsilon == pytest.approx(0.2)

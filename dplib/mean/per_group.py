@@ -1,0 +1,347 @@
+"""Scale-free person-level mean of one group of a ``group_by`` statistic.
+
+A group holds few persons and a small epsilon (the statistic's budget divided by the L0 bound):
+its own range, centre and deviation profile then measure almost nothing (benchmarks/results/
+grouped_anchors.md, before this module: 6-84x the error of Tumult given per-group bounds, bars
+covering 3-37%). So the scales are found **once for all groups**, on one value per person
+(pooled: a person contributes its value in one of its groups, the keyed-hash choice of the
+grouped input), and each group spends its budget where it pays:
+
+====  ============================  ===============  =============================================
+ #    stage                          epsilon share    mechanism
+====  ============================  ===============  =============================================
+ S    shared: range, centre,         SHARED_SHARE of  the scale-free stages 1-3 of
+      deviation profile (pooled)     the statistic    :mod:`dplib.mean.scale_free` on the pooled
+                                                      persons -> pooled centre c0, tail model
+ 1    group count                    COUNT_SHARE      Laplace on the group's persons -> n~
+ 2a   n~ x eps >= OWN_STAGES_N_EPS:  the rest         the group's own centre, profile, balance and
+      own stages                                      clip-and-noise (range: the shared one)
+ 2b   otherwise: pooled clip         the rest:        Laplace on (sum trunc(Y - c0, rho), rho n)
+                                     25% centre,      -> the group's rough mean m1; then Laplace on
+                                     75% fine         (sum trunc(Y - m1, rho'), w n); radii
+                                                      minimising the pooled model's bias + noise
+                                                      at the group's n~ x eps
+====  ============================  ===============  =============================================
+
+Privacy (add/remove one person): the shared stages read one value per person (sensitivity 1 per
+histogram, as ungrouped); each group's stages read only that group's (person, group) summaries
+and a person is in at most L0 groups, so its loss is L0 times a group's; the path (2a/2b) and
+every parameter of a group are post-processing of DP outputs (the shared stage and the group's
+count); a group's charges never exceed its budget (basic composition). See
+docs/privacy/grouped.md.
+
+Error bar (2b): Laplace noise of the sum and count, plus the pooled model's clipping bias at the
+radius less the DP error of the re-centring (the group read as the pooled shape shifted to its
+noisy mean): an assumption about the group's shape, stated in ``error_covers``. 2a: as the
+ungrouped estimator's bar.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dplib.budget import Accountant, Budget, Charge, composed_cost
+from dplib.errors import InvalidParameterError
+from dplib.groups import ALL_PERSONS, GroupRange
+from dplib.mean.error_bars import noise_and_sampling_quantile
+from dplib.mean.params import check_moment_order
+from dplib.mean.ranges import DEFAULT_EXPONENT_RANGE, MagnitudeRange, check_exponent_range
+from dplib.mean.scale_free import (
+    RADIUS_REACH,
+    ScaleFreeMeanPlan,
+    SharedRange,
+    balanced_radius,
+    scale_free_person_mean,
+)
+from dplib.mean.scale_free_stages import (
+    INSUFFICIENT_REASON,
+    ScaleFreeSetup,
+    StageShares,
+    scale_free_stages,
+    stage_charger,
+)
+from dplib.mean.univariate import (
+    ERROR_LEVEL,
+    STATUS_INSUFFICIENT,
+    STATUS_OK,
+    MeanRelease,
+    centred_clip_and_noise,
+    count_weight,
+)
+from dplib.mechanisms import NoiseSource, laplace_mechanism
+from dplib.seam import Aggregates
+
+#: Share of a grouped mean's budget (after any private key selection) spent once, on the pooled
+#: persons, on the shared stages.
+SHARED_SHARE = 0.3
+#: The shared stages' shares of SHARED_SHARE: range 10% (+15% retry, only on small data), centre
+#: 25%, profile 50% (pooled data holds every person: the profile is the stage that pays).
+SHARED_STAGE_SHARES = StageShares(range=0.10, range_retry=0.15, centre=0.25, profile=0.50, balance=0.0, boost=1.0,
+                                  final=False)
+#: Share of a group's budget spent on its noisy person count (it chooses the path and the radius).
+COUNT_SHARE = 0.05
+#: A group runs its own centre and profile when its noisy persons x epsilon reach this; below it,
+#: it clips around the pooled centre (grouped_anchors, 10 seeds: the own stages fail below ~300).
+#: Above it the pooled path can still be better (flights by origin, ~640 each: pooled 0.50 median
+#: error and 87% coverage, own 0.57 and 60%) but its radius spans the spread BETWEEN groups: on
+#: well separated groups (means -4, 10, 100; tests/spark/test_grouped_job.py) it was off by up to
+#: 1.6 (2x its bar) at ~1,300, where the own stages are within 0.1.
+OWN_STAGES_N_EPS = 300.0
+ALGORITHM = "agarwal2024-univariate-person-mean/scale-free-per-group"
+ALGORITHM_VERSION = "1"
+#: Pooled path: share of the group's rest spent on the first clip-and-noise (around the pooled
+#: centre), which re-centres the second on the group.
+RECENTRE_SHARE = 0.25
+STAGE_COUNT = "group count"
+STAGE_CENTRE = "centre"
+STAGE_FINE = "fine clip-and-noise"
+PATH_OWN = "own stages"
+PATH_POOLED = "pooled clip"
+
+
+@dataclass(frozen=True)
+class SharedScalePlan:
+    """The shared stages of a grouped scale-free mean (public; read by :func:`shared_scale`).
+
+    Parameters
+    ----------
+    budget : Budget
+        What the shared stages may spend (``SHARED_SHARE`` of the statistic's budget after
+        selection); delta > 0: thresholded range histogram, delta split between range and retry.
+    k : float or None
+        Tail power cap, as :class:`~dplib.mean.scale_free.ScaleFreeMeanPlan`.
+    exponent_range : (int, int)
+        Binary exponents of the pure-DP range buckets (delta == 0).
+    """
+
+    budget: Budget
+    k: float | None = None
+    range_quantile: float = 0.9
+    range_octaves: int = 1
+    exponent_range: tuple[int, int] = DEFAULT_EXPONENT_RANGE
+    group: GroupRange = ALL_PERSONS
+    shared_range: bool = False  # read by scale_free_stages: the shared stage finds its own range
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, Budget):
+            raise InvalidParameterError("budget must be a dplib.budget.Budget")
+        if self.k is not None:
+            object.__setattr__(self, "k", check_moment_order(self.k))
+        check_exponent_range(self.exponent_range)
+
+    def charges(self, prefix: str = "") -> list[Charge]:
+        """Range, its retry, centre and profile (the largest shares; the retry only if it runs)."""
+        return SHARED_STAGE_SHARES.early_charges(self.budget, prefix, self.group)
+
+
+@dataclass(frozen=True)
+class SharedScale:
+    """DP outputs of the shared stages: the pooled range (``range``, ``retried``, read by the
+    groups' own stages as a shared range) and the pooled setup (None: the range found nothing)."""
+
+    range: MagnitudeRange | None
+    retried: bool
+    setup: ScaleFreeSetup | None
+
+
+def shared_scale(
+    backend: Aggregates, column: str, plan: SharedScalePlan, noise: NoiseSource, accountant: Accountant,
+    stage_prefix: str = "",
+) -> SharedScale:
+    """Run the shared stages on ``backend`` (one value per person: pooled over groups), each
+    charged to ``accountant`` before its noise.
+
+    Privacy: as stages 1-3 of :func:`~dplib.mean.scale_free.scale_free_person_mean` on persons
+    with one value each: (sum of the stages' epsilons, delta)-DP."""
+    charges = {c.stage[len(stage_prefix):]: c for c in plan.charges(stage_prefix)}
+    accountant.check(list(charges.values()))
+    params: dict = {}
+    setup = scale_free_stages(backend, column, plan, SHARED_STAGE_SHARES, stage_charger(accountant, charges), noise,
+                              params)
+    if setup is None:
+        return SharedScale(None, bool(params.get("range_retried")), None)
+    rng = MagnitudeRange(setup.lower, setup.upper, setup.n_hat)
+    return SharedScale(rng, setup.retried, setup)
+
+
+@dataclass(frozen=True)
+class GroupMeanPlan:
+    """Public plan of one group's mean (:func:`group_person_mean`): its budget is charged as the
+    noisy count (``COUNT_SHARE``) and then, at most, the own-stages plan ``inner`` (centre,
+    profile, balance, fine; the rest) -- the pooled path charges its fine stage with the rest."""
+
+    budget: Budget
+    k: float | None = None
+    exponent_range: tuple[int, int] = DEFAULT_EXPONENT_RANGE
+    group: GroupRange = ALL_PERSONS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, Budget):
+            raise InvalidParameterError("budget must be a dplib.budget.Budget")
+        if self.k is not None:
+            object.__setattr__(self, "k", check_moment_order(self.k))
+
+    @property
+    def count_budget(self) -> Budget:
+        return Budget(self.budget.epsilon * COUNT_SHARE, 0.0)
+
+    @property
+    def inner(self) -> ScaleFreeMeanPlan:
+        """The group's own stages after the count (the range is the shared one)."""
+        rest = Budget(self.budget.epsilon * (1.0 - COUNT_SHARE), self.budget.delta)
+        return ScaleFreeMeanPlan(budget=rest, k=self.k, exponent_range=self.exponent_range, group=self.group,
+                                 shared_range=True)
+
+    def charges(self, prefix: str = "") -> list[Charge]:
+        return [Charge(f"{prefix}{STAGE_COUNT}", self.count_budget, self.group)] + self.inner.charges(prefix)
+
+    def cost(self) -> Budget:
+        eps, delta = composed_cost(self.charges())
+        return Budget(eps, delta)
+
+    def describe(self) -> dict:
+        return {
+            "composition": "sequential; every stage reads the group's persons",
+            "stages": [{"stage": c.stage, "epsilon": c.budget.epsilon, "delta": c.budget.delta}
+                       for c in self.charges()],
+            "tail_nu_cap": self.k,
+            "own_stages_n_eps": OWN_STAGES_N_EPS,
+        }
+
+
+def _insufficient(reason: str, accountant: Accountant, start: int, params: dict) -> MeanRelease:
+    eps, delta = composed_cost(accountant.charges[start:])
+    return MeanRelease(STATUS_INSUFFICIENT, None, None, ERROR_LEVEL, f"none: {reason}", None, eps, delta, params)
+
+
+def group_person_mean(
+    backend: Aggregates,
+    column: str,
+    plan: GroupMeanPlan,
+    noise: NoiseSource,
+    accountant: Accountant | None = None,
+    stage_prefix: str = "",
+    shared: SharedScale | None = None,
+) -> MeanRelease:
+    """Private mean over one group's persons of each person's mean of ``column`` there.
+
+    Parameters
+    ----------
+    backend : Aggregates
+        The group's (person, group) summaries (a group proxy of the grouped seam).
+    column : str
+    plan : GroupMeanPlan
+    noise : NoiseSource
+    accountant : Accountant, optional
+        The group's accountant (default: limited to ``plan.budget``); charged before each noise.
+    shared : SharedScale
+        The shared stages' DP outputs (:func:`shared_scale`), the same for every group.
+
+    Returns
+    -------
+    MeanRelease
+        Estimate (data units) with a 90% error bar; ``parameters["path"]`` says which path ran
+        (``own stages`` / ``pooled clip``); ``INSUFFICIENT_DATA`` when the shared range found
+        nothing (the group's count is then not even drawn).
+
+    Raises
+    ------
+    InvalidParameterError
+        No ``shared`` given.
+    BudgetExceededError
+        Before any noise, if the plan does not fit the accountant.
+
+    Privacy
+    -------
+    Add/remove one person: the count is (eps_c, 0)-DP, then either path spends at most the rest
+    of the group's budget (the own path: :func:`~dplib.mean.scale_free.scale_free_person_mean`'s
+    stages 2-4; the pooled path: two clip-and-noise releases, around the shared centre and
+    then around the first one's estimate, sensitivity ``rho + w`` each). Path, radius and centre are post-processing of DP outputs.
+
+    References
+    ----------
+    Agarwal et al. 2024, Algorithm 1 and Lemma 3.12 (the clip-and-noise), with the scales found
+    privately once for all groups; ``docs/privacy/grouped.md``.
+    """
+    if shared is None:
+        raise InvalidParameterError("a group's mean needs the shared stage's output (shared=...)")
+    accountant = accountant if accountant is not None else Accountant(plan.budget)
+    charges = {c.stage[len(stage_prefix):]: c for c in plan.charges(stage_prefix)}
+    accountant.check(list(charges.values()))
+    start = len(accountant.charges)
+    params = plan.describe()
+    if shared.setup is None:
+        return _insufficient(INSUFFICIENT_REASON + " (the range shared by all groups)", accountant, start, params)
+    charge = stage_charger(accountant, charges)
+
+    b_count = charge(STAGE_COUNT)
+    exact = np.array([float(backend.count([column], plan.group))])
+    noisy, _ = laplace_mechanism(exact, 1.0, b_count.epsilon, noise)
+    del exact
+    n_noisy = float(noisy[0])
+    eps_rest = plan.budget.epsilon - b_count.epsilon
+    params["group_noisy_count"] = round(n_noisy, 1)
+
+    if n_noisy * eps_rest >= OWN_STAGES_N_EPS:
+        rel = scale_free_person_mean(backend, column, plan.inner, noise, accountant, stage_prefix, given_range=SharedRange(shared.range, shared.retried))
+        eps, delta = composed_cost(accountant.charges[start:])
+        return dataclasses.replace(rel, epsilon=eps, delta=delta,
+                                   parameters={**params, **rel.parameters, "path": PATH_OWN})
+
+    # 2b. pooled clip, in two steps: (i) around the pooled centre c0 (the group may sit anywhere in
+    # the pool: the count carries the full weight rho) -> a rough group mean m1; (ii) around m1.
+    s = shared.setup
+    low, high = min(s.bin_width / 4.0, s.high / 2.0), 2.0 * s.high
+    n_eps = max(n_noisy, 1.0) * eps_rest
+    reach = RADIUS_REACH * s.reach
+    rho_a = min(balanced_radius(s.model, low, high, n_eps * RECENTRE_SHARE, s.centre_error), reach)
+    b_a = charge(STAGE_CENTRE, eps_rest * RECENTRE_SHARE)
+    first = centred_clip_and_noise(backend, column, s.center, rho_a, rho_a, plan.group, b_a.epsilon, noise)
+    # a 90% bound on |m1 - (the group's clipped mean)|: its Laplace noise with the offset as d
+    u1 = float(noise_and_sampling_quantile(first.scale / first.denom,
+                                           (abs(first.deviation) / rho_a) * (first.scale / first.denom), 0.0))
+    centre = first.estimate
+    model, tail_flag = s.model, s.tail_flag
+    eps_b = eps_rest - b_a.epsilon
+    share_b = 1.0 - RECENTRE_SHARE
+    rho = min(balanced_radius(model, low, high, n_eps * share_b, max(u1, s.centre_error)), reach)
+    c = count_weight(rho, min(max(u1, s.centre_error), rho))
+    b_fine = charge(STAGE_FINE, eps_b)
+    fine = centred_clip_and_noise(backend, column, centre, rho, c, plan.group, b_fine.epsilon, noise)
+    offset = min(u1 + abs(fine.deviation), rho)
+    bias_bound = float(model.bias(max(rho - offset, s.low)))
+    bar = noise_and_sampling_quantile(fine.scale / fine.denom, (abs(fine.deviation) / c) * (fine.scale / fine.denom),
+                                      0.0) + bias_bound
+    half = float(bar) if math.isfinite(bar) else None
+    covers = (
+        "the exact dataset statistic, at 90%, IF the group's persons spread around their mean as all "
+        "groups' persons do around theirs: Laplace noise of the clip-and-noise (sum and count) and the "
+        "pooled tail model's clipping bias at the radius less the re-centring error"
+    )
+    if half is None:
+        covers = "nothing: the pooled deviation profile gives no finite bound on the clipping bias"
+    if half is not None and tail_flag:
+        covers += "; WARNING (tail_flag): the persons' means look heavy-tailed"
+    eps, delta = composed_cost(accountant.charges[start:])
+    params.update({
+        "path": PATH_POOLED,
+        "pooled_center": s.center,
+        "group_center": centre,
+        "clipping_radius": rho,
+        "count_weight": c,
+        "noisy_person_count": round(fine.n_noisy, 1),
+        "clipping_bias_bound": bias_bound,
+        "tail_flag": tail_flag,
+        "fine_epsilon": b_fine.epsilon,
+    })
+    return MeanRelease(STATUS_OK, float(fine.estimate), half, ERROR_LEVEL, covers, fine.scale, eps, delta, params)
+
+
+__all__ = [
+    "COUNT_SHARE", "GroupMeanPlan", "OWN_STAGES_N_EPS", "SHARED_SHARE", "SHARED_STAGE_SHARES", "SharedScale",
+    "SharedScalePlan", "group_person_mean", "shared_scale",
+]

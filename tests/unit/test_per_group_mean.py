@@ -1,0 +1,78 @@
+"""The grouped scale-free mean (:mod:`dplib.mean.per_group`): shared stages on pooled persons,
+then per group a noisy count and either its own stages or a two-step clip around the pooled
+centre. Expected values come from numpy on the data (exact group means) and from the plan's
+budget arithmetic; noise is seeded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dplib.aggregates import NumpyAggregates
+from dplib.budget import Accountant, Budget, composed_cost
+from dplib.errors import InvalidParameterError
+from dplib.mean.per_group import (
+    COUNT_SHARE, OWN_STAGES_N_EPS, PATH_OWN, PATH_POOLED, GroupMeanPlan, SharedScale, SharedScalePlan,
+    group_person_mean, shared_scale,
+)
+from dplib.mechanisms import SeededNoise
+
+
+def _agg(values):
+    v = np.asarray(values, dtype=float)
+    return NumpyAggregates({"v": v}, (np.arange(v.size) * 2654435761) % (2**32))
+
+
+def _pooled(seed=0, n=20_000):
+    """Ten groups with centres 0..9 (sd 1): the pooled values, one per person."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 10, n) + rng.normal(0.0, 1.0, n)
+
+
+@pytest.mark.parametrize("delta", [1e-6, 0.0])
+def test_plans_charge_exactly_their_budgets(delta):
+    shared = SharedScalePlan(Budget(0.3, delta))
+    eps, d = composed_cost(shared.charges())
+    assert eps == pytest.approx(0.3) and d == pytest.approx(delta)
+    plan = GroupMeanPlan(Budget(0.2, 0.0))
+    eps, d = composed_cost(plan.charges())
+    assert eps == pytest.approx(0.2) and d == 0.0
+    assert plan.charges()[0].stage == "group count" and plan.charges()[0].budget.epsilon == pytest.approx(0.2 * COUNT_SHARE)
+
+
+def test_pooled_path_near_the_exact_group_mean_and_within_budget():
+    pooled = shared_scale(_agg(_pooled()), "v", SharedScalePlan(Budget(1.0, 1e-6)), SeededNoise(1), Accountant(Budget(1.0, 1e-6)))
+    assert pooled.setup is not None and pooled.range is not None
+    rng = np.random.default_rng(2)
+    errs, covered = [], 0
+    for seed in range(40):
+        y = 8.0 + rng.normal(0.0, 1.0, 800)  # a group far from the pooled centre (~4.5)
+        acc = Accountant(Budget(0.2, 0.0))
+        rel = group_person_mean(_agg(y), "v", GroupMeanPlan(Budget(0.2, 0.0)), SeededNoise(seed), acc, shared=pooled)
+        assert rel.status == "OK" and rel.parameters["path"] == PATH_POOLED  # 800 x 0.2 < OWN_STAGES_N_EPS
+        assert rel.epsilon == pytest.approx(0.2) and composed_cost(acc.charges)[0] == pytest.approx(0.2)
+        err = abs(rel.estimate - y.mean())
+        errs.append(err)
+        covered += err <= rel.error_bar
+    # noise: Laplace scale ~(rho + w) / (0.14 n) with rho ~ 2-10: median error well under 0.3
+    assert np.median(errs) < 0.3
+    assert covered >= 32  # 90% bar: 40 draws, P(binomial(40, 0.9) < 32) ~ 2%
+
+
+def test_own_path_when_enough_persons_times_epsilon():
+    pooled = shared_scale(_agg(_pooled()), "v", SharedScalePlan(Budget(1.0, 1e-6)), SeededNoise(3), Accountant(Budget(1.0, 1e-6)))
+    y = np.random.default_rng(4).normal(3.0, 1.0, 20_000)
+    eps = 2.0 * OWN_STAGES_N_EPS / y.size / (1 - COUNT_SHARE)
+    acc = Accountant(Budget(eps, 0.0))
+    rel = group_person_mean(_agg(y), "v", GroupMeanPlan(Budget(eps, 0.0)), SeededNoise(5), acc, shared=pooled)
+    assert rel.status == "OK" and rel.parameters["path"] == PATH_OWN
+    assert abs(rel.estimate - y.mean()) < 0.05
+    assert composed_cost(acc.charges)[0] <= eps * (1 + 1e-12)
+
+
+def test_no_shared_range_is_insufficient_and_missing_shared_refused():
+    plan = GroupMeanPlan(Budget(0.2, 0.0))
+    rel = group_person_mean(_agg([1.0] * 10), "v", plan, SeededNoise(0), shared=SharedScale(None, True, None))
+    assert rel.status == "INSUFFICIENT_DATA" and rel.estimate is None
+    with pytest.raises(InvalidParameterError, match="shared"):
+        group_person_mean(_agg([1.0] * 10), "v", plan, SeededNoise(0))
