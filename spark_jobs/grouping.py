@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dplib.budget import Accountant, Budget, Charge
+from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.grouped import GroupedAggregates, run_per_group
 from dplib.partitions import ALGORITHM as SELECTION_ALGORITHM
 from dplib.partitions import PartitionSelectionPlan, select_partitions
@@ -68,7 +68,7 @@ class GroupedPlan:
             "group_by": list(self.group_by),
             "max_groups_per_person": self.l0,
             "group_epsilon": self.group_budget.epsilon,
-            "group_delta": self.group_budget.delta,
+            "group_delta": composed_cost(self.inner.charges())[1],
             "group_selection": "public key set" if self.selection is None else "private",
         }
         if self.selection is not None:
@@ -105,7 +105,8 @@ def describe(stat: StatisticConfigBase, plan) -> str:
            f"keys selected privately (Laplace threshold {plan.selection.threshold:.3g} persons, "
            f"per key epsilon={plan.selection.key_epsilon:.3g}, delta={plan.selection.key_delta:.3g})")
     return (f"  {stat.name}: per group of ({', '.join(plan.group_by)}), {how}; each person in at most "
-            f"{plan.l0} groups; each group: epsilon={plan.group_budget.epsilon:.4g}, delta={plan.group_budget.delta:.3g}\n"
+            f"{plan.l0} groups; each group: epsilon={plan.group_budget.epsilon:.4g}, "
+            f"delta={composed_cost(plan.inner.charges())[1]:.3g}\n"
             + kind.describe(stat.name + " (each group)", plan.inner))
 
 
