@@ -31,7 +31,7 @@ from dplib.grouped import GroupedAggregates, run_per_group
 from dplib.partitions import ALGORITHM as SELECTION_ALGORITHM
 from dplib.partitions import PartitionSelectionPlan, select_partitions
 from spark_jobs.kinds import Release, RunContext, StatisticConfigBase, kind_of
-from spark_jobs.kinds.base import per_group_statistic
+from spark_jobs.kinds.base import StatisticKind, per_group_statistic
 
 log = logging.getLogger("person_dp.grouping")
 
@@ -56,7 +56,7 @@ class GroupedPlan:
         for c in self.inner.charges(prefix):
             stage = c.stage[len(prefix):] if c.stage.startswith(prefix) else c.stage
             out.append(Charge(f"{prefix}per group x L0={self.l0}: {stage}",
-                              Budget(c.budget.epsilon * self.l0, min(c.budget.delta * self.l0, 0.999999)), c.group))
+                              Budget(c.budget.epsilon * self.l0, c.budget.delta * self.l0), c.group))
         return out
 
     def prepare(self, noise):
@@ -91,6 +91,9 @@ def statistic_plan(stat: StatisticConfigBase, cfg) -> Any:
         selection = PartitionSelectionPlan(sel_budget, l0)
         rest = 1.0 - groups.selection_share
     shared, inner, share = kind.grouped_plans(stat, cfg, rest, l0)
+    if shared is not None and type(kind).run_shared is StatisticKind.run_shared:
+        # a plan-time error (before any budget or data): the kind planned a shared stage it cannot run
+        raise TypeError(f"kind {type(kind).__name__} plans a shared stage but does not implement run_shared")
     inner_stat = per_group_statistic(stat, share)
     return GroupedPlan(inner=inner, shared=shared, l0=l0, group_by=tuple(stat.group_by), keys=groups.key_strings() and tuple(groups.key_strings()),
                        selection=selection, group_budget=inner_stat.budget(cfg), group_share=share)

@@ -279,3 +279,22 @@ def test_stdtr_is_scipys_t_survival():
     u = np.concatenate([np.exp(rng.uniform(-20, 20, 20_000)), [0.0, np.inf, 1e300]])
     nu = np.exp(rng.uniform(np.log(1.01), np.log(1000), u.size))
     np.testing.assert_array_equal(stats.t.sf(u, nu), special.stdtr(nu, -u))
+
+
+def test_a_kind_that_plans_a_shared_stage_must_run_it(monkeypatch):
+    """Plan time, before any budget or data: a kind whose grouped plan has a shared stage but
+    which does not implement ``run_shared`` is refused (it used to fail mid-run)."""
+    import spark_jobs.grouping as grouping
+    from spark_jobs.kinds.count import CountKind
+
+    class SharedButNoRun(CountKind):
+        def grouped_plans(self, stat, cfg, fraction, l0):
+            _, inner, share = super().grouped_plans(stat, cfg, fraction, l0)
+            return inner, inner, share  # any shared plan
+
+    cfg = _cfg({"kind": "count", "columns": ["x"], "groups": {"keys": [["a"]]}, **GROUPED})
+    monkeypatch.setattr(grouping, "kind_of", lambda stat: SharedButNoRun())
+    with pytest.raises(TypeError, match="run_shared"):
+        statistic_plan(cfg.statistics[0], cfg)
+    monkeypatch.setattr(grouping, "kind_of", lambda stat: CountKind())
+    assert isinstance(statistic_plan(cfg.statistics[0], cfg), GroupedPlan)
