@@ -97,7 +97,7 @@ ALGORITHM_VERSION = "1"
 #: centre), which re-centres the second on the group.
 RECENTRE_SHARE = 0.25
 STAGE_COUNT = "group count"
-STAGE_CENTRE = "centre"
+STAGE_RECENTRE = "re-centring clip-and-noise"
 STAGE_FINE = "fine clip-and-noise"
 PATH_OWN = "own stages"
 PATH_POOLED = "pooled clip"
@@ -213,9 +213,17 @@ class GroupMeanPlan:
         }
 
 
-def _insufficient(reason: str, accountant: Accountant, start: int, params: dict) -> MeanRelease:
-    eps, delta = composed_cost(accountant.charges[start:])
+def _insufficient(reason: str, plan: "GroupMeanPlan", params: dict) -> MeanRelease:
+    # the group's whole budget was charged before any group ran (spark_jobs.grouping.run_grouped):
+    # report it, although nothing of it was spent here
+    eps, delta = plan.budget.epsilon, 0.0
     return MeanRelease(STATUS_INSUFFICIENT, None, None, ERROR_LEVEL, f"none: {reason}", None, eps, delta, params)
+
+
+def _stages(accountant: Accountant, start: int, prefix: str) -> list[dict]:
+    """The stages this group actually charged, in order (public budgets)."""
+    return [{"stage": c.stage[len(prefix):] if c.stage.startswith(prefix) else c.stage,
+             "epsilon": c.budget.epsilon, "delta": c.budget.delta} for c in accountant.charges[start:]]
 
 
 def group_person_mean(
@@ -245,8 +253,10 @@ def group_person_mean(
     -------
     MeanRelease
         Estimate (data units) with a 90% error bar; ``parameters["path"]`` says which path ran
-        (``own stages`` / ``pooled clip``); ``INSUFFICIENT_DATA`` when the shared range found
-        nothing (the group's count is then not even drawn).
+        (``own stages`` / ``pooled clip``) and ``parameters["stages"]`` what it charged;
+        ``INSUFFICIENT_DATA`` when the shared range found nothing (the group's count is then not
+        even drawn; its epsilon is reported as charged: the grouped run charges every group's
+        budget before any group runs).
 
     Raises
     ------
@@ -275,7 +285,7 @@ def group_person_mean(
     start = len(accountant.charges)
     params = plan.describe()
     if shared.setup is None:
-        return _insufficient(INSUFFICIENT_REASON + " (the range shared by all groups)", accountant, start, params)
+        return _insufficient(INSUFFICIENT_REASON + " (the range shared by all groups)", plan, params)
     charge = stage_charger(accountant, charges)
 
     b_count = charge(STAGE_COUNT)
@@ -289,8 +299,8 @@ def group_person_mean(
     if n_noisy * eps_rest >= OWN_STAGES_N_EPS:
         rel = scale_free_person_mean(backend, column, plan.inner, noise, accountant, stage_prefix, given_range=SharedRange(shared.range, shared.retried))
         eps, delta = composed_cost(accountant.charges[start:])
-        return dataclasses.replace(rel, epsilon=eps, delta=delta,
-                                   parameters={**params, **rel.parameters, "path": PATH_OWN})
+        return dataclasses.replace(rel, epsilon=eps, delta=delta, parameters={
+            **params, **rel.parameters, "path": PATH_OWN, "stages": _stages(accountant, start, stage_prefix)})
 
     # 2b. pooled clip, in two steps: (i) around the pooled centre c0 (the group may sit anywhere in
     # the pool: the count carries the full weight rho) -> a rough group mean m1; (ii) around m1.
@@ -299,7 +309,8 @@ def group_person_mean(
     n_eps = max(n_noisy, 1.0) * eps_rest
     reach = RADIUS_REACH * s.reach
     rho_a = min(balanced_radius(s.model, low, high, n_eps * RECENTRE_SHARE, s.centre_error), reach)
-    b_a = charge(STAGE_CENTRE, eps_rest * RECENTRE_SHARE)
+    b_a = Budget(eps_rest * RECENTRE_SHARE, 0.0)
+    accountant.charge(f"{stage_prefix}{STAGE_RECENTRE}", b_a, plan.group)
     first = centred_clip_and_noise(backend, column, s.center, rho_a, rho_a, plan.group, b_a.epsilon, noise)
     # a 90% bound on |m1 - (the group's clipped mean)|: its Laplace noise with the offset as d
     u1 = float(noise_and_sampling_quantile(first.scale / first.denom,
@@ -329,6 +340,7 @@ def group_person_mean(
     eps, delta = composed_cost(accountant.charges[start:])
     params.update({
         "path": PATH_POOLED,
+        "stages": _stages(accountant, start, stage_prefix),
         "pooled_center": s.center,
         "group_center": centre,
         "clipping_radius": rho,

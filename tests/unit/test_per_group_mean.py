@@ -51,6 +51,9 @@ def test_pooled_path_near_the_exact_group_mean_and_within_budget():
         rel = group_person_mean(_agg(y), "v", GroupMeanPlan(Budget(0.2, 0.0)), SeededNoise(seed), acc, shared=pooled)
         assert rel.status == "OK" and rel.parameters["path"] == PATH_POOLED  # 800 x 0.2 < OWN_STAGES_N_EPS
         assert rel.epsilon == pytest.approx(0.2) and composed_cost(acc.charges)[0] == pytest.approx(0.2)
+        stages = rel.parameters["stages"]  # what this group charged, in order
+        assert [st["stage"] for st in stages] == ["group count", "re-centring clip-and-noise", "fine clip-and-noise"]
+        assert sum(st["epsilon"] for st in stages) == pytest.approx(0.2)
         err = abs(rel.estimate - y.mean())
         errs.append(err)
         covered += err <= rel.error_bar
@@ -68,11 +71,15 @@ def test_own_path_when_enough_persons_times_epsilon():
     assert rel.status == "OK" and rel.parameters["path"] == PATH_OWN
     assert abs(rel.estimate - y.mean()) < 0.05
     assert composed_cost(acc.charges)[0] <= eps * (1 + 1e-12)
+    stages = rel.parameters["stages"]
+    assert stages[0]["stage"] == "group count" and stages[-1]["stage"] == "fine clip-and-noise"
+    assert sum(st["epsilon"] for st in stages) == pytest.approx(rel.epsilon)
 
 
 def test_no_shared_range_is_insufficient_and_missing_shared_refused():
     plan = GroupMeanPlan(Budget(0.2, 0.0))
     rel = group_person_mean(_agg([1.0] * 10), "v", plan, SeededNoise(0), shared=SharedScale(None, True, None))
     assert rel.status == "INSUFFICIENT_DATA" and rel.estimate is None
+    assert rel.epsilon == pytest.approx(0.2)  # charged before any group ran: reported as spent
     with pytest.raises(InvalidParameterError, match="shared"):
         group_person_mean(_agg([1.0] * 10), "v", plan, SeededNoise(0))
