@@ -1,5 +1,5 @@
 """A quantile of the person means without a user range: the exponential mechanism over
-log-magnitude bins, coarse then fine (pure epsilon-DP).
+log-magnitude bins, zooming in over two or three stages (pure epsilon-DP).
 
 The classical DP quantile (Smith 2011, "Privacy-preserving statistical estimation with optimal
 convergence rates"; the exponential mechanism of McSherry & Talwar 2007 with the rank utility,
@@ -7,29 +7,43 @@ as in OpenDP's and Tumult's quantiles) needs a user range [lo, hi] and resolves 
 that range's scale. Here the candidates are the signed log-magnitude bins the seam already
 counts (:meth:`dplib.aggregates.Aggregates.log_histogram`), so no range is needed:
 
-1. **count** (5% of epsilon): a Laplace count of the persons, used only to say whether the
-   answer can mean anything (``INSUFFICIENT_DATA`` when a stage's rank error bound exceeds the
-   persons on the short side of the quantile); nothing else is charged then.
-2. **coarse** (25%): the exponential mechanism over the bins of ``Y`` around 0 with 4 bins per
-   octave for ``|Y|`` in ``[2**lo, 2**(hi + 1))`` (``exponent_range``), plus a near-zero bin and
-   one bin beyond each end; it picks the bin holding the q-quantile, up to the mechanism's rank
-   error.
-3. **fine** (70%): the same over the bins of ``Y - c`` around the coarse bin's midpoint ``c``,
-   64 bins per octave over 30 octaves below twice the coarse bin's magnitude: the fine bins
-   shrink towards ``c``, so the answer is resolved to about 1% of its distance from ``c``.
-
-(Measured against OpenDP's quantile given the non-private [p1, p99] and 1,024 candidates,
-``benchmarks/quantile_anchors.py``: a third, refining stage at the same total budget was worse
-(geometric mean of the error ratios 4.4 against 2.0): the rank error of the smaller shares
-outweighs the finer resolution.)
+1. **count** (3% of epsilon): a Laplace count of the persons. Its DP output ``n~`` sets the other
+   stages' shares (adaptive shares under a fixed total: basic composition of pure-DP stages whose
+   budgets are chosen from earlier DP outputs, Rogers et al. 2016's privacy filter), and says
+   whether the answer can mean anything (``INSUFFICIENT_DATA`` when a stage's rank error bound
+   exceeds the persons on the short side of the quantile; nothing else is charged then).
+2. **coarse**: the exponential mechanism over the bins of ``Y`` around 0 with 4 bins per octave
+   for ``|Y|`` in ``[2**lo, 2**(hi + 1))`` (``exponent_range``), plus a near-zero bin and one bin
+   beyond each end; it picks the bin holding the q-quantile, up to its rank error. Its share is
+   what keeps its rank error bound at ``1 / COARSE_FACTOR`` of the persons on the short side of q
+   (``n_s = n~ min(q, 1 - q)``), within ``COARSE_SHARE_RANGE`` (up to ``COARSE_SHARE_MAX_TWO``
+   when the data is small, below).
+3. **fine** (only when ``n_s >= TWO_STAGE_BELOW``): the same over the bins of ``Y - c`` around the
+   coarse bin's midpoint ``c``, 64 bins per octave over 30 octaves below twice the coarse bin's
+   magnitude (the fine bins shrink towards ``c``); share by the same rule (``FINE_SHARE_RANGE``).
+4. **final** (the rest, at least about 47% and about 87% on large data): the exponential mechanism
+   over the same 64-per-octave bins, now centred on the previous stage's pick, **with each bin
+   weighted by its width** (the mechanism over the continuum with the rank score, as Smith's and
+   Tumult's quantiles, piecewise constant on the bins; edge bins weigh the window's reach). The
+   bins near the centre are far narrower than the gaps between persons, so the answer is resolved
+   to about one person's spacing. The release is the chosen bin's midpoint (post-processing).
 
 Score of a candidate bin ``[a, b)``: ``-max(L - q n, q n - R, 0)`` with ``L`` the persons below
 it, ``R = L + `` the persons in it, ``n`` all persons (0 exactly when the bin holds the
-quantile). Adding or removing one person moves ``L`` and ``R`` by at most 1 and ``q n`` by
-``q``, so every score moves by at most ``max(q, 1 - q) <= 1``: sensitivity 1. The release is the
-fine bin's midpoint (post-processing). With probability at least 0.9 the released value's rank
-is within ``2 (ln B + ln 10) / epsilon_fine`` persons of ``q n`` (B candidates; McSherry & Talwar's
-utility bound), plus the persons inside the chosen fine bin.
+quantile). Adding or removing one person moves ``L - q n`` and ``q n - R`` by at most
+``max(q, 1 - q)`` each (a person below the bin moves ``L``, ``R`` and ``q n`` together by 1, 1 and
+``q``; one inside moves ``R`` and ``q n``; one above only ``q n``), so the sensitivity is
+``Delta = max(q, 1 - q)`` (0.5 for the median: the exponent is ``epsilon s / (2 Delta)``).
+With probability at least 0.9 the released value's rank is within
+``2 Delta (ln(W / w_min) + ln 10) / epsilon_final`` persons of ``q n``, plus the persons inside
+the chosen bin (McSherry & Talwar's utility bound with a base measure: ``W`` the bins' total
+weight, ``w_min`` the narrowest bin's, a lower bound on the weight of the bin holding the
+quantile).
+
+(Measured against Tumult's quantile given the non-private [p1, p99], ``benchmarks/quantile_anchors.py``.
+Version 1 — coarse 25% / fine 70% with unweighted bins and sensitivity 1 — was 0.8-11x Tumult,
+median 2.5x: unweighted, the many narrow bins near the coarse centre pulled the answer there, and
+sensitivity 1 halved the median's effective budget.)
 """
 
 from __future__ import annotations
@@ -50,15 +64,25 @@ from dplib.mechanisms.exponential import ExponentialMechanism
 from dplib.seam import Aggregates
 
 ALGORITHM = "log-bin-exponential-quantile"
-ALGORITHM_VERSION = "1"
+ALGORITHM_VERSION = "2"
 STATUS_OK = "OK"
 STATUS_INSUFFICIENT = "INSUFFICIENT_DATA"
 STAGE_COUNT, STAGE_COARSE, STAGE_FINE = "count", "coarse quantile", "fine quantile"
-STAGE_REFINE = "refine quantile"
-SHARES = {STAGE_COUNT: 0.05, STAGE_COARSE: 0.25, STAGE_FINE: 0.70}
+STAGE_FINAL = "final quantile"
 COARSE_SUB, FINE_SUB, FINE_OCTAVES = 4, 64, 30
-#: Octaves above the previous stage's bin that a refining stage still searches.
-REACH_OCTAVES = 1
+#: Share of epsilon of the count.
+COUNT_SHARE = 0.03
+#: The coarse and fine stages' shares keep their 90% rank error bound at ``1 / factor`` of the
+#: persons on the short side of q, clamped into these ranges (shares of epsilon). Chosen by
+#: measurement against a Tumult-like continuous exponential mechanism on the benchmark cells
+#: (factors 1 to 3, lower clamps 0.03 to 0.08; ``benchmarks/results/quantile_anchors.md``).
+COARSE_FACTOR, FINE_FACTOR = 1.5, 1.0
+COARSE_SHARE_RANGE = (0.05, 0.25)
+FINE_SHARE_RANGE = (0.05, 0.25)
+#: Below this many persons on the short side of q (``n~ min(q, 1 - q)``) the fine stage is skipped
+#: (two stages: coarse, then final around the coarse bin) and the coarse share may reach:
+TWO_STAGE_BELOW = 300.0
+COARSE_SHARE_MAX_TWO = 0.4
 #: Level of the rank error bound reported with each release.
 RANK_LEVEL = 0.9
 #: INSUFFICIENT_DATA when the persons on the short side of q are fewer than this times the largest
@@ -132,6 +156,10 @@ def candidates(e_lo: int, e_hi: int, n_sub: int) -> Candidates:
     return Candidates(lower, upper, e_lo, e_hi, n_sub)
 
 
+#: Number of bins of the fine and final stages (public).
+FINE_SIZE = 2 * (FINE_OCTAVES + 1) * FINE_SUB + 3
+
+
 def rank_scores(exact: dict[int, int], cand: Candidates, q: float) -> tuple[np.ndarray, int]:
     """Scores ``-max(L - q n, q n - R, 0)`` of every candidate (shape ``(B,)``) and ``n``, from
     the exact log histogram (keys with ``cand.n_sub`` sub-bins)."""
@@ -145,10 +173,12 @@ def rank_scores(exact: dict[int, int], cand: Candidates, q: float) -> tuple[np.n
     return scores.astype(np.float64), n
 
 
-def rank_error_bound(n_candidates: int, epsilon: float, level: float = RANK_LEVEL) -> float:
+def rank_error_bound(n_candidates: int, epsilon: float, sensitivity: float = 1.0,
+                     level: float = RANK_LEVEL) -> float:
     """Persons: with probability >= ``level`` the chosen bin's score is at least minus this
-    (McSherry & Talwar 2007, Theorem 8, sensitivity 1): ``2 (ln B + ln(1 / (1 - level))) / epsilon``."""
-    return 2.0 * (math.log(n_candidates) + math.log(1.0 / (1.0 - level))) / epsilon
+    (McSherry & Talwar 2007, Theorem 8, uniform base measure):
+    ``2 Delta (ln B + ln(1 / (1 - level))) / epsilon``."""
+    return 2.0 * sensitivity * (math.log(n_candidates) + math.log(1.0 / (1.0 - level))) / epsilon
 
 
 @dataclass(frozen=True)
@@ -184,24 +214,57 @@ class QuantilePlan:
             raise InvalidParameterError(f"q must be in (0, 1), got {self.q!r}")
         object.__setattr__(self, "exponent_range", check_exponent_range(self.exponent_range))
 
-    def stage_budget(self, stage: str) -> Budget:
-        return Budget(self.budget.epsilon * SHARES[stage], 0.0)
+    @property
+    def sensitivity(self) -> float:
+        """``Delta = max(q, 1 - q)``: the rank score's sensitivity (module docstring)."""
+        return max(float(self.q), 1.0 - float(self.q))
+
+    def stage_shares(self, noisy_n: float) -> dict[str, float]:
+        """Each search stage's epsilon, in order, from the DP person count ``noisy_n`` (public:
+        the plan and a DP output). Two stages (coarse, final) below ``TWO_STAGE_BELOW`` persons on
+        the short side of q, else three (coarse, fine, final); the final stage gets the rest, so
+        the shares always sum to the budget less the count's."""
+        eps = self.budget.epsilon
+        n_s = max(float(noisy_n), 1.0) * min(float(self.q), 1.0 - float(self.q))
+        two = n_s < TWO_STAGE_BELOW
+        lo, hi = COARSE_SHARE_RANGE[0], (COARSE_SHARE_MAX_TWO if two else COARSE_SHARE_RANGE[1])
+        coarse = self._share(COARSE_FACTOR, self.coarse_candidates().size, n_s, lo, hi)
+        out = {STAGE_COARSE: coarse}
+        if not two:
+            out[STAGE_FINE] = self._share(FINE_FACTOR, FINE_SIZE, n_s, *FINE_SHARE_RANGE)
+        out[STAGE_FINAL] = eps * (1.0 - COUNT_SHARE) - sum(out.values())
+        return out
+
+    def _share(self, factor: float, n_candidates: int, n_s: float, lo: float, hi: float) -> float:
+        want = factor * rank_error_bound(n_candidates, 1.0, self.sensitivity) / n_s
+        return self.budget.epsilon * min(max(want, lo), hi)
 
     def charges(self, prefix: str = "") -> list[Charge]:
-        return [Charge(f"{prefix}{s}", self.stage_budget(s), self.group) for s in SHARES]
+        """The nominal charges (the privacy cost before any data is read): the count, then the
+        search stages at their largest shares with the final stage's nominal share the rest.
+        What each search stage really takes is chosen from the DP count (:meth:`stage_shares`);
+        the total is always the budget."""
+        eps = self.budget.epsilon
+        shares = [(STAGE_COUNT, COUNT_SHARE), (STAGE_COARSE, COARSE_SHARE_RANGE[1]),
+                  (STAGE_FINE, FINE_SHARE_RANGE[1])]
+        shares.append((STAGE_FINAL, 1.0 - sum(v for _, v in shares)))
+        return [Charge(f"{prefix}{st}", Budget(eps * v, 0.0), self.group) for st, v in shares]
 
     def coarse_candidates(self) -> Candidates:
         return candidates(*self.exponent_range, COARSE_SUB)
 
     def prepare(self, noise: NoiseSource) -> dict:
-        """The two exponential mechanisms (public parameters), built before any reservation.
+        """The exponential mechanisms (public parameters: the whole budget and ``Delta``), built
+        before any reservation; each draw then runs at its stage's epsilon (at most the budget,
+        :meth:`ExponentialMechanism.sample`).
 
         Raises
         ------
         InvalidParameterError
             The noise source cannot run them (e.g. OpenDP refuses the measurement).
         """
-        return {s: ExponentialMechanism(self.stage_budget(s).epsilon, noise) for s in SHARES if s != STAGE_COUNT}
+        return {s: ExponentialMechanism(self.budget.epsilon, noise, sensitivity=self.sensitivity)
+                for s in (STAGE_COARSE, STAGE_FINE, STAGE_FINAL)}
 
 
 @dataclass(frozen=True)
@@ -220,25 +283,36 @@ class QuantileRelease:
     error_level: float = 0.0
 
 
-def next_candidates(prev: Candidates, j: int, prev_centre: float, first: bool) -> tuple[float, Candidates]:
-    """A refining stage's centre (the chosen bin's midpoint, in data units) and its bins:
-    ``FINE_SUB`` per octave over ``FINE_OCTAVES`` octaves, up to the octave of twice the reach:
-    after the coarse stage (``first``) the reach is the chosen bin's largest magnitude (the window
-    spans the value's whole scale, so a coarse pick a few bins off is still covered); after a
-    refining stage, the chosen bin's half-width times ``2**REACH_OCTAVES``. Public: a function of
-    the plan and DP outputs."""
+def fine_candidates(prev: Candidates, j: int) -> tuple[float, Candidates]:
+    """The centre (the chosen coarse bin's midpoint, in data units) and the bins of the fine and
+    final stages: ``FINE_SUB`` per octave over ``FINE_OCTAVES`` octaves, up to the octave of twice
+    the chosen coarse bin's largest magnitude (the window spans the value's whole scale, so a
+    coarse pick a few bins off is still covered). Public: a function of the plan and a DP output."""
     mid = prev.midpoint(j)
-    centre = prev_centre + mid
     lo, hi = prev.lower[j], prev.upper[j]
-    if first:
-        reach = max(abs(lo) if math.isfinite(lo) else 0.0, abs(hi) if math.isfinite(hi) else 0.0, abs(mid))
-    elif math.isfinite(lo) and math.isfinite(hi):
-        reach = 0.5 * (hi - lo) * 2.0**REACH_OCTAVES
-    else:
-        reach = abs(mid)
+    reach = max(abs(lo) if math.isfinite(lo) else 0.0, abs(hi) if math.isfinite(hi) else 0.0, abs(mid))
     e_hi = max(math.frexp(2.0 * max(reach, 2.0**MIN_EXPONENT))[1], MIN_EXPONENT + FINE_OCTAVES + 1)
     e_hi = min(e_hi, 995)
-    return centre, candidates(e_hi - FINE_OCTAVES, e_hi, FINE_SUB)
+    return mid, candidates(e_hi - FINE_OCTAVES, e_hi, FINE_SUB)
+
+
+def log_widths(cand: Candidates) -> np.ndarray:
+    """Log of each bin's width, shape ``(B,)`` (the final stage's base measure); the two
+    unbounded edge bins weigh the window's reach ``2**(e_hi + 1)``. Public."""
+    w = cand.upper - cand.lower
+    reach = math.ldexp(1.0, cand.e_hi + 1)
+    return np.log(np.where(np.isfinite(w), w, reach))
+
+
+def weighted_rank_error_bound(cand: Candidates, epsilon: float, sensitivity: float,
+                              level: float = RANK_LEVEL) -> float:
+    """Persons: the weighted (final) stage's bound: with probability >= ``level`` the chosen
+    bin's score is at least minus ``2 Delta (ln(W / w_min) + ln(1 / (1 - level))) / epsilon``,
+    ``W`` the total weight and ``w_min`` the smallest (McSherry & Talwar 2007 with a base measure:
+    the bin holding the quantile has score 0 and weight at least ``w_min``)."""
+    lw = log_widths(cand)
+    ratio = float(np.log(np.sum(np.exp(lw - lw.max()))) + lw.max() - lw.min())
+    return 2.0 * sensitivity * (ratio + math.log(1.0 / (1.0 - level))) / epsilon
 
 
 def person_quantile(
@@ -255,7 +329,8 @@ def person_quantile(
     Parameters
     ----------
     backend : Aggregates
-        Asked for ``log_histogram`` twice (centre 0, then the coarse centre) on ``plan.group``.
+        Asked for ``count`` once and ``log_histogram`` two or three times (centre 0, then the
+        previous stages' picks) on ``plan.group``.
     column : str
     plan : QuantilePlan
     noise : NoiseSource
@@ -267,6 +342,7 @@ def person_quantile(
     Returns
     -------
     QuantileRelease
+        ``estimate`` shape (1,), data units; ``parameters.stages`` lists what each stage took.
 
     Raises
     ------
@@ -275,58 +351,71 @@ def person_quantile(
 
     Privacy
     -------
-    epsilon-DP under add/remove one person: a Laplace count (sensitivity 1) and two exponential
-    mechanisms with sensitivity-1 scores, composed sequentially on the same persons; the fine
-    stage's candidates depend only on the plan and the coarse stage's DP output.
+    epsilon-DP under add/remove one person: a Laplace count (sensitivity 1), then two or three
+    exponential mechanisms with scores of sensitivity ``max(q, 1 - q)``, composed sequentially on
+    the same persons; each stage's budget and candidates depend only on the plan and earlier DP
+    outputs, and the budgets sum to the plan's.
     """
     accountant = accountant if accountant is not None else Accountant(plan.budget)
-    charges = plan.charges(stage_prefix)
-    accountant.check(charges)
+    accountant.check(plan.charges(stage_prefix))
     mech = prepared if prepared is not None else plan.prepare(noise)
     start = len(accountant.charges)
-    by_stage = dict(zip(SHARES, charges))
-    search = [s for s in SHARES if s != STAGE_COUNT]
-    coarse = plan.coarse_candidates()
-    # the rank error bound of every stage (public: sizes and budgets only); the largest decides
-    # whether the answer can mean anything
-    fine_size = candidates(0, FINE_OCTAVES, FINE_SUB).size
-    bounds = [rank_error_bound(coarse.size if s == STAGE_COARSE else fine_size, plan.stage_budget(s).epsilon)
-              for s in search]
-    bound = bounds[-1]
+    delta_q = plan.sensitivity
 
-    c = by_stage[STAGE_COUNT]
-    accountant.charge(c.stage, c.budget, c.group)
+    def charge(stage: str, epsilon: float) -> float:
+        accountant.charge(f"{stage_prefix}{stage}", Budget(epsilon, 0.0), plan.group)
+        return epsilon
+
+    eps_count = charge(STAGE_COUNT, plan.budget.epsilon * COUNT_SHARE)
     exact_n = clamp_exact(np.array([float(backend.count([column], plan.group))]))
-    noisy_n, _ = laplace_mechanism(exact_n, inflate(1.0), c.budget.epsilon, noise)
+    noisy_n, _ = laplace_mechanism(exact_n, inflate(1.0), eps_count, noise)
     del exact_n
     n_noisy = float(noisy_n[0])
-    params = {"q": float(plan.q), "noisy_person_count": round(n_noisy, 1), "rank_error_90_persons": round(bound, 2),
-              "exponent_range": list(plan.exponent_range),
-              "stages": [{"stage": s, "epsilon": plan.stage_budget(s).epsilon, "delta": 0.0} for s in SHARES]}
+    shares = plan.stage_shares(n_noisy)
+    coarse = plan.coarse_candidates()
+    # the rank error bounds of the coarse stage (which places the window) and of the final one (an
+    # unweighted bound: a rule of thumb); the larger decides whether the answer can mean anything
+    # (public: sizes, budgets and a DP count). A fine stage far off is recovered by the final
+    # stage, whose window is the fine stage's.
+    bounds = {STAGE_COARSE: rank_error_bound(coarse.size, shares[STAGE_COARSE], delta_q),
+              STAGE_FINAL: rank_error_bound(FINE_SIZE, shares[STAGE_FINAL], delta_q)}
+    stages = [{"stage": STAGE_COUNT, "epsilon": eps_count, "delta": 0.0}]
+    params = {"q": float(plan.q), "noisy_person_count": round(n_noisy, 1), "sensitivity": delta_q,
+              "exponent_range": list(plan.exponent_range), "stages": stages}
     covers = (f"no value bar: with probability >= {RANK_LEVEL:g} the released value's rank among the persons is "
-              "within parameters.rank_error_90_persons of q n (plus the persons inside the chosen fine bin)")
-    if n_noisy * min(plan.q, 1.0 - plan.q) < INSUFF_FACTOR * max(bounds):
+              "within parameters.rank_error_90_persons of q n (plus the persons inside parameters.final_bin)")
+    if n_noisy * min(plan.q, 1.0 - plan.q) < INSUFF_FACTOR * max(bounds.values()):
+        params["rank_error_90_persons"] = round(max(bounds.values()), 2)
         eps, delta = composed_cost(accountant.charges[start:])
         return QuantileRelease(STATUS_INSUFFICIENT, None, eps, delta, covers, params)
 
-    cands, centre, bins, j = coarse, 0.0, [], 0
-    for k, stage in enumerate(search):
-        if k:
-            centre, cands = next_candidates(cands, j, centre, first=(k == 1))
-        c = by_stage[stage]
-        accountant.charge(c.stage, c.budget, c.group)
-        n_sub = COARSE_SUB if stage == STAGE_COARSE else FINE_SUB
-        scores, _ = rank_scores(backend.log_histogram(column, centre, plan.group, sub_edges(n_sub)), cands, plan.q)
-        j = mech[stage].sample(scores)
+    bins = []
+    c = charge(STAGE_COARSE, shares[STAGE_COARSE])
+    stages.append({"stage": STAGE_COARSE, "epsilon": c, "delta": 0.0})
+    scores, _ = rank_scores(backend.log_histogram(column, 0.0, plan.group, sub_edges(COARSE_SUB)), coarse, plan.q)
+    j = mech[STAGE_COARSE].sample(scores, epsilon=c)
+    del scores
+    bins.append([_finite(coarse.lower[j]), _finite(coarse.upper[j])])
+    centre, cands = fine_candidates(coarse, j)
+    for stage in [s for s in (STAGE_FINE, STAGE_FINAL) if s in shares]:
+        e = charge(stage, shares[stage])
+        stages.append({"stage": stage, "epsilon": e, "delta": 0.0})
+        scores, _ = rank_scores(backend.log_histogram(column, centre, plan.group, sub_edges(FINE_SUB)), cands, plan.q)
+        weights = log_widths(cands) if stage == STAGE_FINAL else None
+        j = mech[stage].sample(scores, epsilon=e, log_weights=weights)
         del scores
         bins.append([_finite(centre + cands.lower[j]), _finite(centre + cands.upper[j])])
+        if stage != STAGE_FINAL:
+            centre = centre + cands.midpoint(j)
     estimate = centre + cands.midpoint(j)
+    bound = weighted_rank_error_bound(cands, shares[STAGE_FINAL], delta_q)
     eps, delta = composed_cost(accountant.charges[start:])
     params.update({
         "stage_bins": bins,  # None: an edge bin's open end
-        "fine_bin": bins[-1],
+        "final_bin": bins[-1],
+        "rank_error_90_persons": round(bound, 2),
         "rank_error_90_quantile": round(bound / max(n_noisy, 1.0), 6),
-        "sampler": mech[search[-1]].sampler,
+        "sampler": mech[STAGE_FINAL].sampler,
     })
     return QuantileRelease(STATUS_OK, np.array([estimate]), eps, delta, covers, params)
 

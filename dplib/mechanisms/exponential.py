@@ -176,19 +176,53 @@ class ExponentialMechanism:
             return "OpenDP make_noisy_max (Gumbel report-noisy-max)"
         return "seeded numpy Gumbel-max (NOT for release)"
 
-    def probabilities(self, scores) -> np.ndarray:
-        """Exact output distribution ``softmax(epsilon s / (2 Delta))`` of the clamped scores,
-        shape ``(n_candidates,)``, computed in log space."""
-        logits = _logits(clamp_scores(scores, self.integer_scores), self.epsilon, self.sensitivity)
+    def _effective(self, scores, epsilon, log_weights) -> np.ndarray:
+        """The scores the mechanism at ``self.epsilon`` samples so that one draw is an
+        ``epsilon``-DP exponential mechanism with base measure ``exp(log_weights)``:
+        ``s (epsilon / self.epsilon) + (2 Delta / self.epsilon) log_weights``, then clamped.
+
+        Scaling the scores by ``epsilon / self.epsilon <= 1`` scales their sensitivity to
+        ``Delta epsilon / self.epsilon``; adding a public (data-independent) vector changes no
+        sensitivity; the clamp is 1-Lipschitz. Output ``i`` then has probability proportional to
+        ``w_i exp(epsilon s_i / (2 Delta))``."""
+        eps = self.epsilon if epsilon is None else _check_positive(epsilon, "epsilon")
+        if eps > self.epsilon * (1.0 + 1e-12):
+            raise InvalidParameterError(f"a draw at epsilon {eps!r} exceeds the mechanism's {self.epsilon!r}")
+        if log_weights is None and eps == self.epsilon:
+            return clamp_scores(scores, self.integer_scores)
+        if self.integer_scores:
+            raise InvalidParameterError("epsilon and log_weights need float scores")
+        s = clamp_scores(scores) * (min(eps, self.epsilon) / self.epsilon)
+        if log_weights is not None:
+            lw = np.asarray(log_weights, dtype=np.float64)
+            if lw.shape != s.shape or not np.all(np.isfinite(lw)):
+                raise InvalidParameterError("log_weights must be finite, one per candidate")
+            s = s + (2.0 * self.sensitivity / self.epsilon) * lw
+        return clamp_scores(s)
+
+    def probabilities(self, scores, *, epsilon: float | None = None, log_weights=None) -> np.ndarray:
+        """Exact output distribution ``softmax(epsilon s / (2 Delta) + log_weights)`` of the clamped
+        scores, shape ``(n_candidates,)``, computed in log space (``epsilon``, ``log_weights``: as
+        in :meth:`sample`)."""
+        logits = _logits(self._effective(scores, epsilon, log_weights), self.epsilon, self.sensitivity)
         w = np.exp(logits)
         return w / w.sum()
 
-    def sample(self, scores) -> int:
+    def sample(self, scores, *, epsilon: float | None = None, log_weights=None) -> int:
         """One draw: an index into ``scores`` (the largest score is the likeliest).
 
         ``scores`` (n_candidates,) pass through :func:`clamp_scores` (never refused for their
-        values; only a wrongly typed or shaped array, fixed by the caller's code, is refused)."""
-        s = clamp_scores(scores, self.integer_scores)
+        values; only a wrongly typed or shaped array, fixed by the caller's code, is refused).
+
+        ``epsilon`` (optional, at most the mechanism's): the draw's budget, for callers whose
+        stage budget is chosen at run time from earlier DP outputs (the mechanism is built, and
+        checked, before the reservation at the largest budget). ``log_weights`` (optional, public:
+        never a function of the data beyond earlier DP outputs): a base measure, e.g. the log
+        widths of candidate intervals, so that the draw is the exponential mechanism over a
+        continuum with a piecewise-constant score (McSherry & Talwar 2007 allow any base
+        measure). Either way the draw is ``epsilon``-DP for scores of sensitivity ``Delta``.
+        """
+        s = self._effective(scores, epsilon, log_weights)
         if self._measurement is not None:
             values = [int(v) for v in s] if self.integer_scores else [float(v) for v in s]
             return int(self._measurement(values))

@@ -1,6 +1,7 @@
 """``kind: quantile`` — a quantile (``options.q``, default the median) of the person means of one
 numeric column, without a user range (:mod:`dplib.quantile`: the exponential mechanism over
-log-magnitude bins, coarse then fine; pure epsilon-DP)."""
+log-magnitude bins, zooming in over two or three stages, the last one width-weighted; pure
+epsilon-DP)."""
 
 from __future__ import annotations
 
@@ -63,8 +64,10 @@ class QuantileKind(StatisticKind):
         return QuantilePlan(budget=stat.budget(cfg), q=stat.options.q, exponent_range=stat.options.exponent_range)
 
     def describe(self, name: str, plan) -> str:
-        return (f"  {name}: {plan.q:g}-quantile of the person means, no user range: a Laplace count (5%), then the "
-                "exponential mechanism over log-magnitude bins, coarse (25%) and fine (70%); pure epsilon")
+        return (f"  {name}: {plan.q:g}-quantile of the person means, no user range: a Laplace count (3%), then the "
+                "exponential mechanism (sensitivity max(q, 1-q)) over log-magnitude bins: coarse, fine (skipped "
+                "below 300 persons on the short side of q) and a width-weighted final stage; the coarse and fine "
+                "shares (5-40%) are chosen from the DP count, the final stage takes the rest (47-87%); pure epsilon")
 
     def run(self, stat, plan, ctx: RunContext) -> Release:
         column = stat.columns[0]

@@ -29,6 +29,8 @@ from dplib.mean.multivariate import clip_and_noise
 from dplib.mean.univariate import centred_clip_and_noise, count_weight
 from dplib.mechanisms import SeededNoise
 from dplib.mechanisms import histograms as H
+from dplib.mechanisms.exponential import ExponentialMechanism
+from dplib.quantile import candidates, log_widths, rank_scores, sub_edges
 
 RUNS = 20_000
 EPS = 1.0
@@ -139,6 +141,25 @@ def _histogram_new_bin_run(extreme: bool, noise) -> float:
     return 1.0 if 7 in released else 0.0
 
 
+_Q_CANDS = candidates(-1, 0, 1)  # 7 bins: |x| < 1/2, [1/2, 1), [1, 2), beyond, both signs
+_Q_VALUES = np.array([-1.0, 1.0])
+
+
+def _quantile_final_run(extreme: bool, noise, sensitivity: float = 0.5) -> float:
+    """The quantile's final stage (dplib.quantile): the width-weighted exponential mechanism with
+    the median's rank score (sensitivity 0.5), built at epsilon 2 and drawn at epsilon 1 (the
+    adaptive-share path). D' adds a person far above every bin: every bin below the median loses
+    0.5 and every bin above gains 0.5. Two persons and 7 bins keep every bin likely enough for
+    threshold events to see the shift (in closed form the best threshold event of probability
+    >= 2% reaches 0.70 epsilon honest and 1.44 epsilon with the bug). The planted bug declares the
+    sensitivity as 0.25 (an effective 2 epsilon)."""
+    vals = np.r_[_Q_VALUES, 1e6] if extreme else _Q_VALUES
+    exact = NumpyAggregates({"v": vals}, np.arange(vals.size)).log_histogram("v", 0.0, ALL_PERSONS, sub_edges(1))
+    scores, _ = rank_scores(exact, _Q_CANDS, 0.5)
+    em = ExponentialMechanism(2.0 * EPS, noise, sensitivity=sensitivity)
+    return float(em.sample(scores, epsilon=EPS, log_weights=log_widths(_Q_CANDS)))
+
+
 def _outputs(run, noise_cls, seed: int) -> tuple[np.ndarray, np.ndarray]:
     nd, np_ = noise_cls(np.random.default_rng([seed, 0])), noise_cls(np.random.default_rng([seed, 1]))
     return (np.array([run(False, nd) for _ in range(RUNS)]), np.array([run(True, np_) for _ in range(RUNS)]))
@@ -168,6 +189,22 @@ def test_no_violation_and_the_planted_bug_is_caught(name):
     d, dp = _outputs(run, HalvedNoise, 2)
     buggy = eps_lower_bound(d, dp, delta)
     assert buggy > EPS, (name, buggy)
+
+
+@pytest.mark.slow
+def test_quantile_weighted_exponential_mechanism_audit():
+    """The quantile's final stage: no violation, most of epsilon visible, and a sensitivity
+    declared at half its value (0.25 for the median) caught at the same size."""
+    d, dp = _outputs(_quantile_final_run, SeededNoise, 5)
+    honest = eps_lower_bound(d, dp)
+    assert 0.4 * EPS < honest <= EPS, honest
+
+    def buggy_run(extreme, noise):
+        return _quantile_final_run(extreme, noise, sensitivity=0.25)
+
+    d, dp = _outputs(buggy_run, SeededNoise, 6)
+    buggy = eps_lower_bound(d, dp)
+    assert buggy > EPS, buggy
 
 
 def test_thresholded_histogram_new_bin_crosses_with_probability_at_most_delta(monkeypatch):
