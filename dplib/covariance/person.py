@@ -60,7 +60,7 @@ from dplib.covariance.params import (
 )
 from dplib.covariance.private import STATUS_FAIL, BHSRelease, Diagnostics, Outcome, private_covariance, private_gaussian, private_mean
 from dplib.errors import ConfigError, InputDataError, InvalidParameterError
-from dplib.fixed_n import check_beta, release_lower_bound
+from dplib.fixed_n import FixedN, check_beta, release_lower_bound
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mechanisms.noise import NoiseSource
 
@@ -301,6 +301,23 @@ def private_person_statistic(
     accountant.charge(c.stage, c.budget, c.group)
     exact = source.count()
     fixed = release_lower_bound(exact, plan.count_budget.epsilon, plan.beta, noise)
+    return person_statistic_at_n0(source, plan, fixed, exact, noise, accountant, stage_prefix, keep_internals)
+
+
+def person_statistic_at_n0(
+    source,
+    plan: PersonBHSPlan,
+    fixed: FixedN,
+    exact: int,
+    noise: NoiseSource,
+    accountant: Accountant,
+    stage_prefix: str = "",
+    keep_internals: bool = False,
+) -> PersonOutcome:
+    """The rest of :func:`private_person_statistic` once its count stage has run: ``fixed`` is the
+    released count (``plan.count_budget`` already charged on ``accountant``), ``exact`` the exact
+    person count the backend pads to (never logged or returned). Used by the automatic covariance
+    estimator (:mod:`dplib.covariance.auto`), whose choice reads the same DP count."""
     n0 = fixed.n0
     params = {
         **plan.describe(), "n0": n0, "noisy_person_count": fixed.noisy_count, "count_laplace_scale": fixed.laplace_scale,

@@ -51,10 +51,14 @@ class CovarianceOptions(Frozen):
     beta: float = 0.05
     dummy: tuple[float, ...] | None = None
     expected_persons: int | None = None
-    #: kind ``covariance`` only: ``bhs23`` (default; needs ~10^5 persons at d = 4) or ``clipped``
-    #: (clip-and-noise around a private mean, scales and radius: from a few thousand persons;
-    #: ``dplib.covariance.clipped``). The BHS23 options above do not apply to ``clipped``.
-    estimator: Literal["bhs23", "clipped"] = "bhs23"
+    #: kind ``covariance`` only (its own default is ``auto``, :mod:`spark_jobs.kinds.covariance`):
+    #: ``auto`` (BHS23 when a DP lower bound on the person count passes its gate, else ``clipped``;
+    #: ``dplib.covariance.auto``), ``bhs23`` (needs ~10^5 persons at d = 4, else FAIL) or
+    #: ``clipped`` (clip-and-noise around a private mean, scales and radius: from a few thousand
+    #: persons; ``dplib.covariance.clipped``). The BHS23 options above do not apply to
+    #: ``clipped``; ``expected_persons`` is for ``bhs23`` only. The other BHS23 kinds keep the
+    #: value ``bhs23`` (so their config hashes did not change when ``auto`` was added).
+    estimator: Literal["auto", "bhs23", "clipped"] = "bhs23"
 
     @field_validator("lambda0", "lambda0_cov")
     @classmethod
@@ -91,11 +95,15 @@ class BHSStatisticBase(StatisticConfigBase):
             raise ValueError(f"options.dummy must hold one value per column ({len(self.columns)}), got {len(o.dummy)}")
         if o.lambda0_cov is not None and kind != "gaussian":
             raise ValueError("options.lambda0_cov is for kind 'gaussian' (kind 'covariance' takes options.lambda0)")
+        if o.estimator != "bhs23" and kind != "covariance":
+            raise ValueError(f"options.estimator is for kind 'covariance', not {kind!r}")
+        if kind == "covariance" and o.estimator == "auto" and o.expected_persons is not None:
+            raise ValueError("options.expected_persons is for estimator 'bhs23' (estimator 'auto' counts the "
+                             "persons privately and picks BHS23 or the clipped estimator)")
+        if kind == "covariance" and o.estimator != "bhs23" and len(self.columns) < 2:
+            raise ValueError("kind 'covariance' needs at least 2 columns (one column: kind 'variance', or "
+                             "options.estimator 'bhs23')")
         if o.estimator == "clipped":
-            if kind != "covariance":
-                raise ValueError(f"options.estimator 'clipped' is for kind 'covariance', not {kind!r}")
-            if len(self.columns) < 2:
-                raise ValueError("kind 'covariance' needs at least 2 columns")
             bhs_only = [n for n in ("lambda0", "lambda0_cov", "dummy", "expected_persons") if getattr(o, n) is not None]
             if bhs_only or o.beta != 0.05:
                 raise ValueError(f"options {bhs_only or ['beta']} are BHS23's; estimator 'clipped' takes none")

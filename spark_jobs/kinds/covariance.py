@@ -1,25 +1,40 @@
 """``kind: covariance`` — the covariance of the person vectors (each person's mean of their records).
 
-``options.estimator: bhs23`` (default): BHS23's stable covariance (:mod:`spark_jobs.kinds.bhs23`;
-needs ~10^5 persons at d = 4). ``clipped``: clip-and-noise around a private mean, scales and
-radius (:mod:`dplib.covariance.clipped`; from a few thousand persons).
+``options.estimator: auto`` (default): a DP person count picks BHS23 when its lower bound passes
+BHS23's gate, else the clipped estimator (:mod:`dplib.covariance.auto`). ``bhs23``: BHS23's
+stable covariance only (:mod:`spark_jobs.kinds.bhs23`; needs ~10^5 persons at d = 4, else FAIL).
+``clipped``: clip-and-noise around a private mean, scales and radius
+(:mod:`dplib.covariance.clipped`; from a few thousand persons).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
+
+from dplib.covariance.auto import ALGORITHM as AUTO_ALGORITHM
+from dplib.covariance.auto import AutoCovariancePlan, auto_covariance
 from dplib.covariance.clipped import ALGORITHM as CLIPPED_COV_ALGORITHM
 from dplib.covariance.clipped import ALGORITHM_VERSION as CLIPPED_COV_VERSION
 from dplib.covariance.clipped import ClippedCovariancePlan, clipped_covariance
 from spark_jobs.kinds.base import Release, RunContext
-from spark_jobs.kinds.bhs23 import ESTIMAND_BHS, BHSKind, BHSStatisticBase
+from dplib.covariance.params import ALGORITHM_VERSION as BHS_VERSION
+from dplib.groups import derive_salt
+from spark_jobs.kinds.bhs23 import BHS_HETEROGENEOUS, ESTIMAND_BHS, BHSKind, BHSStatisticBase, CovarianceOptions
+
+
+class CovarianceKindOptions(CovarianceOptions):
+    """``kind: covariance``'s options: those of BHS23 and ``estimator``, default ``auto``."""
+
+    estimator: Literal["auto", "bhs23", "clipped"] = "auto"
 
 
 class CovarianceStatistic(BHSStatisticBase):
-    """One ``kind: covariance`` statistic: d >= 2 distinct columns (``clipped``) or BHS23 options."""
+    """One ``kind: covariance`` statistic: d >= 2 distinct columns (``auto``, ``clipped``) or BHS23 options."""
 
     kind: Literal["covariance"]
+    options: CovarianceKindOptions = CovarianceKindOptions()
 
 
 class CovarianceKind(BHSKind):
@@ -36,9 +51,22 @@ class CovarianceKind(BHSKind):
     def plan(self, stat, cfg):
         if stat.options.estimator == "clipped":
             return ClippedCovariancePlan(budget=stat.budget(cfg), d=len(stat.columns))
+        if stat.options.estimator == "auto":
+            o = stat.options
+            return AutoCovariancePlan(budget=stat.budget(cfg), d=len(stat.columns), lambda0=o.lambda0, beta=o.beta,
+                                      dummy=o.dummy)
         return super().plan(stat, cfg)
 
     def describe(self, name: str, p) -> str:
+        if isinstance(p, AutoCovariancePlan):
+            need = p.bhs_minimum_persons()
+            bhs = (f"BHS23 when the DP lower bound n0 on the person count is at least {need} (its gate at this "
+                   "budget)" if need is not None else f"never BHS23 ({p.bhs_unavailable()})")
+            return (f"  {name}: covariance, d={p.d}, estimator auto: a DP person count "
+                    f"({p.count_budget.epsilon:.4g} of epsilon), then {bhs}, else the clipped estimator (the "
+                    f"scale-free multivariate mean at {p.clipped_plan().mean_plan().budget.epsilon:.4g} of epsilon, "
+                    "which needs about a thousand persons at d = 4, then Gaussian noise on the clipped second "
+                    "moment; the second stage is not charged if the first is INSUFFICIENT_DATA)")
         if not isinstance(p, ClippedCovariancePlan):
             return super().describe(name, p)
         return (f"  {name}: clipped covariance, d={p.d}: the scale-free multivariate mean first "
@@ -47,6 +75,8 @@ class CovarianceKind(BHSKind):
                 "clipped second moment")
 
     def run(self, stat, plan, ctx: RunContext) -> Release:
+        if isinstance(plan, AutoCovariancePlan):
+            return self._run_auto(stat, plan, ctx)
         if not isinstance(plan, ClippedCovariancePlan):
             return super().run(stat, plan, ctx)
         columns = list(stat.columns)
@@ -58,6 +88,29 @@ class CovarianceKind(BHSKind):
             algorithm_version=CLIPPED_COV_VERSION, status=rel.status, epsilon=float(rel.epsilon),
             delta=float(rel.delta),
             estimate=None if rel.covariance is None else [float(v) for v in rel.covariance.ravel()],
+            estimate_shape=[d, d], error_covers=rel.error_covers, parameters=params,
+        )
+
+
+    def _run_auto(self, stat, plan: AutoCovariancePlan, ctx: RunContext) -> Release:
+        from spark_jobs.spark.vectors import SparkPersonVectors, vectors_from_summary  # lazy: keeps pyspark out
+
+        columns = list(stat.columns)
+        d = len(columns)
+        vectors = SparkPersonVectors(vectors_from_summary(ctx.summary, columns), columns,
+                                     derive_salt(ctx.salt, stat.name))
+        rel = auto_covariance(ctx.aggregates, vectors, columns, plan, ctx.noise, ctx.accountant, f"{stat.name}: ")
+        params = {**rel.parameters, "coordinates": columns, "estimate_layout": [d, d], **ctx.summary_extras(),
+                  "auto": AUTO_ALGORITHM}
+        if rel.parameters["estimator_choice"]["chosen"] == "bhs23":
+            params["unequal_records"] = BHS_HETEROGENEOUS
+            version = BHS_VERSION
+        else:
+            version = CLIPPED_COV_VERSION
+        return Release(
+            estimand=ESTIMAND_BHS["covariance"].format(cols=", ".join(columns)), algorithm=rel.algorithm,
+            algorithm_version=version, status=rel.status, epsilon=float(rel.epsilon), delta=float(rel.delta),
+            estimate=None if rel.covariance is None else [float(v) for v in np.ravel(rel.covariance)],
             estimate_shape=[d, d], error_covers=rel.error_covers, parameters=params,
         )
 

@@ -59,11 +59,13 @@ JOBS = {
         "dist_P2": dist("P2"),
         "variance": {"kind": "variance", "columns": ["x"]},
         "stddev": {"kind": "stddev", "columns": ["x"]},
+        # the default estimator 'auto': epsilon 3 is outside BHS23's range, so the clipped branch
+        "covariance_auto": {"kind": "covariance", "columns": ["x", "y"]},
     }),
     # BHS23's algorithms need epsilon < 1 and delta < epsilon / 1000 per statistic
     "bhs23": ((2.7, 3e-6), {
         "mean_affine": {"kind": "mean_affine", "columns": ["x", "y"], "options": {"lambda0": 10.0}},
-        "covariance": {"kind": "covariance", "columns": ["x", "y"], "options": {"lambda0": 4.0}},
+        "covariance": {"kind": "covariance", "columns": ["x", "y"], "options": {"lambda0": 4.0, "estimator": "bhs23"}},
         "gaussian": {"kind": "gaussian", "columns": ["x", "y"], "options": {"lambda0": 10.0}},
     }),
 }
@@ -89,7 +91,8 @@ def records(tmp_path_factory):
     means = pdf.groupby("pid")[["x", "y"]].mean()
     # the exact statistics of the new kinds: population variance of the person means of x, and
     # the sum over persons of their totals of y (= the sum of all records: every record counts)
-    extra = {"variance": float(np.var(means["x"].to_numpy())), "sum": float(pdf["y"].sum())}
+    extra = {"variance": float(np.var(means["x"].to_numpy())), "sum": float(pdf["y"].sum()),
+             "covariance": np.cov(means[["x", "y"]].to_numpy().T, bias=True)}
     return str(path), means.mean().to_numpy(), extra
 
 
@@ -150,6 +153,9 @@ def check_estimate(kind, est, mean_truth, extra, bar=None):
     elif kind == "covariance":
         c = est.reshape(2, 2)
         assert np.allclose(c, c.T) and np.all(np.linalg.eigvalsh(c) >= -1e-9)
+        if extra.get("clipped"):  # the clipped branch at epsilon 3 (relative Frobenius ~0.05 here)
+            true = extra["covariance"]
+            assert np.linalg.norm(c - true) / np.linalg.norm(true) <= 0.35
     else:  # gaussian: the mean row, then the covariance
         assert est.shape == (6,) and np.all(np.abs(est[:2] - mean_truth) <= 0.5)
 
@@ -174,6 +180,11 @@ def test_production_noise_job(spark, records, tmp_path, job):
         assert row.noise_source == SecureNoise.name, name
         assert row.status in STATUSES[kind], (name, row.status)
         if row.status == "OK":
-            check_estimate(kind, np.array(row.estimate, dtype=float), mean_truth, extra, row.error_bar)
+            params = json.loads(row.parameters)
+            chosen = params.get("estimator_choice", {}).get("chosen")
+            if name == "covariance_auto":
+                assert chosen == "clipped" and "epsilon must be in" in params["estimator_choice"]["reason"]
+            check_estimate(kind, np.array(row.estimate, dtype=float), mean_truth,
+                           {**extra, "clipped": chosen == "clipped"}, row.error_bar)
         else:  # BHS23 below its gate (or a failed PTR): charged, no estimate, n0 released
             assert row.estimate is None and "n0" in json.loads(row.parameters), name
