@@ -116,16 +116,63 @@ def category_names(categories: Sequence[str]) -> list[str]:
     return list(check_categories(categories)) + [OTHER]
 
 
+def numeric_categories(categories: Sequence[str], integer: bool) -> list[tuple[float, int]]:
+    """The listed categories as the numbers a numeric category column is matched against, with
+    their index: ``[(value, index), ...]``. ``integer``: the column is an integer type, so each
+    category must be an integer written without a decimal point (``"3"``, ``"-2"``); otherwise
+    each must be a finite number (``"3"``, ``"3.0"`` and ``"2.5"`` all work). A value matches the
+    category whose number it equals (``3.0`` matches ``"3"``), record by record, never by scanning.
+
+    Raises
+    ------
+    InvalidParameterError
+        Categories that cannot be such numbers (named, with the expected format), or two
+        categories that are the same number (e.g. ``"3"`` and ``"3.0"``).
+    """
+    cats = check_categories(categories)
+    out, bad, seen = [], [], {}
+    for i, c in enumerate(cats):
+        try:
+            v = float(int(c.strip(), 10)) if integer else float(c)
+        except ValueError:
+            bad.append(c)
+            continue
+        if not math.isfinite(v) or (integer and abs(v) >= 2.0**63):
+            bad.append(c)
+            continue
+        v = v + 0.0  # -0.0 and 0.0 are one category
+        if v in seen:
+            raise InvalidParameterError(f"categories {seen[v]!r} and {c!r} are the same number")
+        seen[v] = c
+        out.append((v, i))
+    if bad:
+        want = "integers such as '3' or '-2'" if integer else "finite numbers such as '3' or '2.5'"
+        raise InvalidParameterError(f"categories {bad[:5]} cannot match a numeric column: expected {want}")
+    return out
+
+
 def category_index(values: Iterable[object], categories: Sequence[str]) -> np.ndarray:
-    """Index of each value in the public list (exact match of ``str(value)``), ``k - 1`` (OTHER)
-    for a value not in the list or a missing one (None, NaN). Shape ``(n_records,)``, int64."""
+    """Index of each value in the public list, ``k - 1`` (OTHER) for a value not in the list or a
+    missing one (None, NaN). A floating value matches the category that is the same number
+    (``3.0`` matches ``"3"`` and ``"3.0"``; the Spark plan matches a floating column the same way);
+    any other value matches by its text (``str(value)``). Shape ``(n_records,)``, int64."""
     cats = check_categories(categories)
     lookup = {c: i for i, c in enumerate(cats)}
+    numbers: dict[float, int] = {}
+    for i, c in enumerate(cats):
+        try:
+            v = float(c)
+        except ValueError:
+            continue
+        if math.isfinite(v):
+            numbers.setdefault(v + 0.0, i)
     other = len(cats)
     out = []
     for v in values:
-        if v is None or (isinstance(v, float) and math.isnan(v)):
+        if v is None or (isinstance(v, (float, np.floating)) and math.isnan(v)):
             out.append(other)
+        elif isinstance(v, (float, np.floating)):
+            out.append(numbers.get(float(v) + 0.0, other))
         else:
             out.append(lookup.get(str(v), other))
     return np.asarray(out, dtype=np.int64)

@@ -51,11 +51,13 @@ from dplib.distribution.batches import (
     check_batch_size,
     check_categories,
     check_clip,
+    numeric_categories,
 )
 from dplib.distribution.shares import SHARE_SCALE
 from dplib.errors import InvalidParameterError
 from dplib.groups import GroupRange, is_salt
 from spark_jobs.spark.aggregates import exact_sums
+from spark_jobs.spark.io import FLOAT_TYPES, INTEGER_TYPES
 from spark_jobs.spark.keys import group_index, in_group, number_copies, valid_id, with_record_key, with_salt
 from spark_jobs.spark.sqlnames import qcol
 
@@ -75,9 +77,20 @@ def _checked_records(df, unit_column, category_column, categories, salt_hex, lab
     for c in [unit_column, category_column] + [c for c in label_cols if c != category_column]:
         if c not in df.columns:
             raise InvalidParameterError(f"column {c!r} not found in the records; they have {sorted(df.columns)}")
-    # public category list -> index (a literal map; the list is public, so plans may show it)
-    mapping = F.create_map(*[x for i, c in enumerate(cats) for x in (F.lit(c), F.lit(i))])
-    cat = F.coalesce(mapping[qcol(category_column).cast("string")], F.lit(len(cats))).cast("int")
+    # public category list -> index (a literal map; the list is public, so plans may show it).
+    # Numeric columns match by number, record by record (3.0 matches "3"; -0.0 is 0.0); others
+    # by text. The column's type comes from the schema, never from the data.
+    dtype = type(df.schema[category_column].dataType).__name__
+    if dtype in FLOAT_TYPES or dtype in INTEGER_TYPES:
+        integer = dtype in INTEGER_TYPES
+        pairs = numeric_categories(cats, integer)
+        typ = "long" if integer else "double"
+        mapping = F.create_map(*[x for v, i in pairs for x in (F.lit(int(v) if integer else v).cast(typ), F.lit(i))])
+        value = qcol(category_column).cast(typ)
+        cat = F.coalesce(mapping[value if integer else value + F.lit(0.0)], F.lit(len(cats))).cast("int")
+    else:
+        mapping = F.create_map(*[x for i, c in enumerate(cats) for x in (F.lit(c), F.lit(i))])
+        cat = F.coalesce(mapping[qcol(category_column).cast("string")], F.lit(len(cats))).cast("int")
     uid = qcol(unit_column)
     return df.where(valid_id(uid, null_values)), uid.cast("string").alias("_pid"), cat.alias("_cat")
 

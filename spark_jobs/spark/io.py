@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from dplib.errors import InputDataError
+from dplib.errors import InputDataError, InvalidParameterError
 from spark_jobs.paths import absolute, is_local  # noqa: F401  (re-exported: the readers' path rules)
 
 log = logging.getLogger("person_dp.io")
@@ -200,18 +200,23 @@ def check_remote_parquet_types(spark, path: str) -> None:
 
 
 FLOAT_TYPES = ("FloatType", "DoubleType", "DecimalType")
+INTEGER_TYPES = ("ByteType", "ShortType", "IntegerType", "LongType")
 
 
 def check_category_types(schema, cfg) -> None:
-    """A distribution's category column is matched against the public list as text. A floating
-    column prints its values as ``3.0``: listed categories written ``3`` would never match and
-    every record would land in OTHER, silently (issue 19). Refused before anything is spent,
-    naming the column and the fix, unless every listed category is written as such a float.
+    """A distribution's category column is matched against the public list by number when it is
+    numeric (``3.0`` matches ``"3"``; :func:`dplib.distribution.batches.numeric_categories`), by
+    text otherwise. A listed category that cannot be such a number (``"a"`` for a numeric column,
+    ``"3.5"`` for an integer one) could never match: every such record would land in OTHER,
+    silently (issue 19). Refused here, from the schema and the config alone, before anything is
+    spent, naming the column and the expected format.
 
     Raises
     ------
     InputDataError
     """
+    from dplib.distribution.batches import numeric_categories  # lazy: keeps scipy out of the CLI's import
+
     fields = {f.name: f for f in schema.fields}
     for stat in cfg.statistics:
         categories = getattr(stat.options, "categories", None)  # kinds with a public category list
@@ -219,23 +224,17 @@ def check_category_types(schema, cfg) -> None:
             continue
         col = stat.columns[0]
         f = fields.get(col)
-        if f is None or type(f.dataType).__name__ not in FLOAT_TYPES:
+        dtype = None if f is None else type(f.dataType).__name__
+        if dtype not in FLOAT_TYPES and dtype not in INTEGER_TYPES:
             continue
-        bad = []
-        for c in categories:
-            try:
-                ok = repr(float(c)) == c
-            except ValueError:
-                ok = False
-            if not ok:
-                bad.append(c)
-        if bad:
+        try:
+            numeric_categories(categories, dtype in INTEGER_TYPES)
+        except InvalidParameterError as err:
             raise InputDataError(
-                f"statistic {stat.name!r}: category column {col!r} has type {f.dataType.simpleString()}, whose values "
-                f"are compared as text such as '3.0'; the listed categories {bad[:5]} would never match and every "
-                "record would count as OTHER. Cast the column to an integer or string type upstream, or list the "
-                "categories as the floats print (e.g. '3.0')"
-            )
+                f"statistic {stat.name!r}: category column {col!r} has type {f.dataType.simpleString()} and is "
+                f"matched by number; {err}. List the categories as numbers, or cast the column to a string type "
+                "upstream"
+            ) from err
 
 
 def normalize_ids(records, unit_column: str, null_values=()):

@@ -231,3 +231,32 @@ def test_person_shares_equal_the_numpy_twin(spark, frame):
         assert backend.rows_collected == 2
     finally:
         shares.unpersist()
+
+
+@pytest.mark.parametrize("dtype", ["double", "bigint", "string"])
+def test_numeric_category_columns_match_by_number_like_the_twin(spark, dtype):
+    """Issue 19: a category column of codes stored as double (or bigint) with categories listed
+    as '1', '2', ... is matched by number (3.0 matches '3'; -0.0 is '0'; NaN and null are OTHER),
+    record by record, exactly as the numpy twin does; a text column by its text."""
+    from pyspark.sql import functions as F
+
+    from dplib.distribution.shares import NumpyShares, share_units
+    from spark_jobs.spark.batches import person_shares
+
+    rng = np.random.default_rng(5)
+    codes = rng.choice([0.0, -0.0, 1.0, 2.0, 3.0, 7.0, float("nan")], size=300)
+    pids = [f"p{i % 40}" for i in range(300)]
+    cats = ["0", "1", "2", "3"]
+    if dtype == "bigint":
+        codes = np.where(np.isnan(codes), 7.0, codes).astype(np.int64)
+    values = [str(c) for c in codes] if dtype == "string" else codes.tolist()
+    df = spark.createDataFrame(list(zip(pids, values)), ["pid", "code"])
+    if dtype != "string":
+        df = df.withColumn("code", F.col("code").cast(dtype))
+    twin = NumpyShares(pids, values, cats, SALT)
+    if dtype == "double":  # the twin matched 3.0 to '3' and -0.0 to '0': nothing numeric lost to OTHER
+        assert twin.counts[:, -1].sum() == int(np.sum(np.isnan(codes)) + np.sum(codes == 7.0))
+    shares = person_shares(df, "pid", "code", cats, SALT, null_values=[])
+    got = sorted((int(r["_group"]), tuple(r["units"])) for r in shares.collect())
+    want = sorted((int(g), tuple(int(x) for x in u)) for g, u in zip(twin.group, share_units(twin.counts)))
+    assert got == want

@@ -1,12 +1,16 @@
-"""A category column stored as floating point (issue 19): its values print as '3.0', so listed
-categories '1'..'13' never match and everything would go to OTHER after the budget is spent.
-The check refuses it from the schema alone (validate, dry runs and the job, before the
-reservation), and accepts lists written the way the floats print, and non-float columns."""
+"""Category columns of numeric type (issue 19): a double column of codes used to print as '3.0',
+so listed categories '1'..'13' never matched and everything went to OTHER after the budget was
+spent. Numeric columns now match by number, record by record (3.0 matches '3'); a listed
+category that cannot be such a number is refused from the schema alone (validate, dry runs and
+the job, before the reservation), naming the column and the expected format."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
+
+from dplib.distribution.batches import category_index
 
 from dplib.errors import InputDataError
 from spark_jobs.config import parse_config
@@ -32,13 +36,35 @@ def files(tmp_path):
     return f, i
 
 
-def test_float_codes_with_integer_categories_are_refused_before_spending(files):
+def test_float_codes_with_integer_categories_pass(files):
+    """The issue's case: codes stored as double, categories listed as '1'..'3': matched by number."""
     f, _ = files
-    with pytest.raises(InputDataError, match=r"category column 'code' has type double.*\['1', '2', '3'\]"):
-        check_input_schema(_cfg(f, ["1", "2", "3"]))
+    assert "usable types" in check_input_schema(_cfg(f, ["1", "2", "3"]))
+    assert "usable types" in check_input_schema(_cfg(f, ["1.0", "2.5", "3"]))
 
 
-def test_float_codes_listed_as_floats_and_integer_columns_pass(files):
-    f, i = files
-    assert "usable types" in check_input_schema(_cfg(f, ["1.0", "2.0", "3.0"]))
-    assert "usable types" in check_input_schema(_cfg(i, ["1", "2", "3"]))
+@pytest.mark.parametrize("which,cats,pattern", [
+    (0, ["1", "a"], r"category column 'code' has type double.*\['a'\].*finite numbers"),
+    (0, ["1", "nan"], r"\['nan'\]"),
+    (0, ["3", "3.0"], r"'3' and '3.0' are the same number"),
+    (1, ["1", "2.5"], r"category column 'code' has type bigint.*\['2.5'\].*integers"),
+    (1, ["1", "3.0", "x"], r"\['3.0', 'x'\]"),
+])
+def test_categories_that_cannot_match_a_numeric_column_are_refused_before_spending(files, which, cats, pattern):
+    with pytest.raises(InputDataError, match=pattern):
+        check_input_schema(_cfg(files[which], cats))
+
+
+def test_integer_columns_and_text_columns_pass(files, tmp_path):
+    _, i = files
+    assert "usable types" in check_input_schema(_cfg(i, ["1", "2", "-3"]))
+    t = tmp_path / "text.parquet"
+    pd.DataFrame({"pid": ["a", "b"], "code": ["x", "3.0"]}).to_parquet(t)
+    assert "usable types" in check_input_schema(_cfg(t, ["x", "anything", "3"]))
+
+
+def test_numpy_twin_matches_floats_by_number():
+    cats = ["1", "2.5", "x"]
+    vals = [1.0, 2.5, np.float64(1.0), -0.0, float("nan"), None, "x", "1", 3.0, 1]
+    assert category_index(vals, cats).tolist() == [0, 1, 0, 3, 3, 3, 2, 0, 3, 0]
+    assert category_index([-0.0, 0.0], ["0"]).tolist() == [0, 0]
