@@ -25,6 +25,10 @@ would get alone (its IDs touch only its own groups). The count after the two con
 number of persons per group. Answers are written to ``<out_dir>/<name>.<agg>.npz`` (``g``,
 ``value``; NaN where Tumult returns none).
 
+A query with ``"truncation": "rows"`` (``benchmarks/distribution_anchors.py``: counts of records per
+category) holds one row per record and runs ``enforce(MaxRowsPerID(l0)).groupby(keys).count()``
+instead: each ID keeps at most ``l0`` records (Tumult's own sampling), L1 sensitivity ``l0``.
+
 Prints nothing but Spark's log; writes ``<out_dir>/result.json``: per query and aggregation the
 wall seconds of the evaluate, plus Spark start time and the versions.
 """
@@ -53,6 +57,7 @@ def main(argv: list[str]) -> int:
         KeySet,
         MaxGroupsPerID,
         MaxRowsPerGroupPerID,
+        MaxRowsPerID,
         PureDPBudget,
         QueryBuilder,
         Session,
@@ -82,8 +87,11 @@ def main(argv: list[str]) -> int:
         info = {"session_seconds": time.time() - t1}
         for agg in aggs:
             t2 = time.time()
-            base = (QueryBuilder(name).enforce(MaxGroupsPerID("g", l0)).enforce(MaxRowsPerGroupPerID("g", 1))
-                    .groupby(keys))
+            if q.get("truncation", "groups") == "rows":
+                base = QueryBuilder(name).enforce(MaxRowsPerID(l0)).groupby(keys)
+            else:
+                base = (QueryBuilder(name).enforce(MaxGroupsPerID("g", l0)).enforce(MaxRowsPerGroupPerID("g", 1))
+                        .groupby(keys))
             if agg == "average":
                 query = base.average("value", low=0.0, high=1.0, name="out", mechanism="laplace")
             elif agg == "count":
