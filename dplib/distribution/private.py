@@ -112,6 +112,47 @@ BETA_LIMITS = (1e-12, 1.0)
 P3_DEFAULT_ALPHA = 0.06
 STATUS_OK = "OK"
 ERROR_LEVEL = 0.9
+#: What the batch estimators' (P0-P2) 90% bars cover.
+BATCH_COVERS = (
+    "the exact dataset statistic over the persons with at least m records (the persons the batch estimators "
+    "read: the mean over them of each one's category shares over all of their records), per category, at 90% "
+    "by a normal approximation: the noise of the sum and of the "
+    "denominator (the normalisation), the sampling of m draws per person and, when the stage reads a hash "
+    "range, of the persons"
+)
+_Z90 = 1.6448536269514722
+
+
+def batch_error_bar(estimate: np.ndarray, noise_var: float, denom: float, m: int, persons_fraction: float,
+                    extra_var: np.ndarray | float = 0.0) -> np.ndarray:
+    """90% half-widths, shape ``(k,)``, of a batch estimator's estimate ``p~`` (on the simplex)
+    around the exact dataset statistic ``p`` (the mean over persons of their shares over all
+    records). Normal approximation of three independent terms, per category ``j``:
+
+    * noise and normalisation: ``p~_j = (S_j + e_j) / (n + sum_l e_l)`` moves by
+      ``(e_j - p_j sum_l e_l) / n`` to first order, variance
+      ``noise_var ((1 - p_j)^2 + p_j^2 (k - 1)) / n^2`` (``noise_var``: each entry's noise variance);
+    * the draws: each person's m draws estimate their shares without bias, variance at most
+      ``P_ij (1 - P_ij) / m`` per person, and the mean over persons of ``P (1 - P)`` is at most
+      ``p_j (1 - p_j)`` (concavity): ``p_j (1 - p_j) / (m n)``;
+    * the persons, when the stage reads a hash range of fraction ``f`` of them: ``(1 - f) p_j (1 - p_j) / n``;
+
+    with ``n`` the stage's DP person count ``denom`` and ``p_j`` replaced by the value closest to
+    1/2 within the noise term's own 90% bar around ``p~_j`` (conservative for ``p (1 - p)``);
+    ``extra_var`` adds further variance (P1, P2: the count's noise times the deviation from the
+    centre). Post-processing of DP outputs and public constants; total on any float inputs (a
+    share's error is at most 1: the half-widths are capped there, NaN read as 1)."""
+    p = np.nan_to_num(np.asarray(estimate, dtype=float), nan=0.5)
+    k = p.size
+    n = np.float64(max(float(np.nan_to_num(denom, nan=1.0)), 1.0))
+    with np.errstate(over="ignore", invalid="ignore"):
+        v_noise = np.float64(noise_var) * ((1.0 - p) ** 2 + p**2 * (k - 1)) / n**2
+        b = _Z90 * np.sqrt(v_noise)
+        p_star = np.clip(0.5, np.clip(p - b, 0.0, 1.0), np.clip(p + b, 0.0, 1.0))
+        f = min(max(float(persons_fraction), 0.0), 1.0)
+        v_sample = p_star * (1.0 - p_star) * (1.0 / m + (1.0 - f)) / n
+        bar = _Z90 * np.sqrt(v_noise + v_sample + np.asarray(extra_var, dtype=float))
+    return np.minimum(np.nan_to_num(bar, nan=1.0, posinf=1.0), 1.0)
 #: Weight of the count released beside the clipped sum: ``(S, w n)``, ``w = COUNT_WEIGHT * rho``.
 COUNT_WEIGHT = 0.25
 #: Share of the statistic's persons read by the centre stage (parallel mode).
@@ -555,12 +596,9 @@ def private_distribution(
         estimate = project_to_simplex(rel.noisy_sum)
         n_hat = floored_count(rel.noisy_count)
         scale = rel.scale
-        error_bar = np.full(k, scale * math.log(1.0 / (1.0 - ERROR_LEVEL)) / n_hat)
+        error_bar = batch_error_bar(estimate, 2.0 * min(scale, 1e150) ** 2, n_hat, m, persons_fraction=1.0)
         params.update({"noisy_person_count": round(rel.noisy_count, 1), "laplace_scale_of_sum": scale})
-        covers = (
-            "the Laplace noise only, per coordinate, at 90%, divided by the DP person count (not the "
-            "projection onto the simplex nor the sampling of persons and draws)"
-        )
+        covers = BATCH_COVERS
     else:
         center_stage, final_stage = plan.stage_names
         charge(center_stage)
@@ -579,8 +617,13 @@ def private_distribution(
         denom = floored_count(f_rel.noisy_count)
         estimate = project_to_simplex(center + bounded(f_rel.noisy_sum) / denom)
         scale = f_rel.scale
-        q = math.log(1.0 / (1.0 - ERROR_LEVEL)) if norm == "l1" else 1.6448536269514722
-        error_bar = np.full(k, q * scale / denom)
+        var_entry = (2.0 if norm == "l1" else 1.0) * min(scale, 1e150) ** 2
+        # the count's noise times each coordinate's deviation from the centre (the ratio's second term)
+        with np.errstate(over="ignore", invalid="ignore"):
+            dev = np.clip(bounded(f_rel.noisy_sum) / denom, -1.0, 1.0)
+            count_var = dev**2 * (np.float64(var_entry) / np.float64(f_rel.count_weight) ** 2 / np.float64(denom) ** 2)
+        fraction = groups[final_stage].fraction / plan.group.fraction
+        error_bar = batch_error_bar(estimate, var_entry, denom, m, persons_fraction=fraction, extra_var=count_var)
         params.update(
             {
                 "center": [float(x) for x in center],
@@ -593,9 +636,6 @@ def private_distribution(
                 ("laplace_scale_of_sum" if norm == "l1" else "gaussian_sigma_of_sum"): scale,
             }
         )
-        covers = (
-            "the noise of the clipped stage only, per coordinate, at 90%, divided by its DP person count "
-            "(not the clipping bias, the projection, nor the sampling of persons and draws)"
-        )
+        covers = BATCH_COVERS + "; not the clipping bias of the persons outside the ball (none when its radius holds every draw)"
     eps, delta = composed_cost(accountant.charges[start:])
     return DistributionRelease(STATUS_OK, estimate, names, error_bar, ERROR_LEVEL, covers, scale, eps, delta, params)
