@@ -18,7 +18,7 @@ counts (:meth:`dplib.aggregates.Aggregates.log_histogram`), so no range is neede
    what keeps its rank error bound at ``1 / COARSE_FACTOR`` of the persons on the short side of q
    (``n_s = n~ min(q, 1 - q)``), within ``COARSE_SHARE_RANGE`` (up to ``COARSE_SHARE_MAX_TWO``
    when the data is small, below).
-3. **fine** (only when ``n_s >= TWO_STAGE_BELOW``): the same over the bins of ``Y - c`` around the
+3. **fine** (only when ``n_s epsilon >= TWO_STAGE_BELOW``): the same over the bins of ``Y - c`` around the
    coarse bin's midpoint ``c``, 64 bins per octave over 30 octaves below twice the coarse bin's
    magnitude (the fine bins shrink towards ``c``); share by the same rule (``FINE_SHARE_RANGE``).
 4. **final** (the rest, at least about 47% and about 87% on large data): the exponential mechanism
@@ -79,8 +79,9 @@ COUNT_SHARE = 0.03
 COARSE_FACTOR, FINE_FACTOR = 1.5, 1.0
 COARSE_SHARE_RANGE = (0.05, 0.25)
 FINE_SHARE_RANGE = (0.05, 0.25)
-#: Below this many persons on the short side of q (``n~ min(q, 1 - q)``) the fine stage is skipped
-#: (two stages: coarse, then final around the coarse bin) and the coarse share may reach:
+#: Below this many persons on the short side of q times epsilon (``n~ min(q, 1 - q) epsilon``) the
+#: fine stage is skipped (two stages: coarse, then final around the coarse bin) and the coarse share
+#: may reach:
 TWO_STAGE_BELOW = 300.0
 COARSE_SHARE_MAX_TWO = 0.4
 #: Level of the rank error bound reported with each release.
@@ -226,7 +227,7 @@ class QuantilePlan:
         the shares always sum to the budget less the count's."""
         eps = self.budget.epsilon
         n_s = max(float(noisy_n), 1.0) * min(float(self.q), 1.0 - float(self.q))
-        two = n_s < TWO_STAGE_BELOW
+        two = n_s * eps < TWO_STAGE_BELOW
         lo, hi = COARSE_SHARE_RANGE[0], (COARSE_SHARE_MAX_TWO if two else COARSE_SHARE_RANGE[1])
         coarse = self._share(COARSE_FACTOR, self.coarse_candidates().size, n_s, lo, hi)
         out = {STAGE_COARSE: coarse}
@@ -236,7 +237,9 @@ class QuantilePlan:
         return out
 
     def _share(self, factor: float, n_candidates: int, n_s: float, lo: float, hi: float) -> float:
-        want = factor * rank_error_bound(n_candidates, 1.0, self.sensitivity) / n_s
+        """The stage's epsilon: the share of the budget whose rank error bound is ``n_s / factor``,
+        clamped into ``[lo, hi]`` shares."""
+        want = factor * rank_error_bound(n_candidates, self.budget.epsilon, self.sensitivity) / n_s
         return self.budget.epsilon * min(max(want, lo), hi)
 
     def charges(self, prefix: str = "") -> list[Charge]:

@@ -112,18 +112,25 @@ def test_adaptive_shares(q):
     keeps its rank error bound at 1/1.5 of the persons on the short side while unclamped."""
     plan = QuantilePlan(Budget(2.0), q=q)
     side = min(q, 1 - q)
-    for n in [1.0, 50.0, 299.0 / side, 300.0 / side, 1e3, 1e4, 1e8]:
+    for n in [1.0, 50.0, 149.0 / side, 150.0 / side, 1e3, 1e4, 1e8]:
         sh = plan.stage_shares(n)
         assert sum(sh.values()) == pytest.approx(2.0 * (1 - COUNT_SHARE))
         assert all(v > 0 for v in sh.values())
-        two = n * side < TWO_STAGE_BELOW
+        two = n * side * 2.0 < TWO_STAGE_BELOW
         assert list(sh) == ([STAGE_COARSE, STAGE_FINAL] if two else [STAGE_COARSE, STAGE_FINE, STAGE_FINAL])
         assert 0.05 * 2.0 - 1e-12 <= sh[STAGE_COARSE] <= (0.4 if two else 0.25) * 2.0 + 1e-12
     assert plan.stage_shares(1e8)[STAGE_FINAL] == pytest.approx(2.0 * 0.87)
-    n = 1000.0 / side  # 1,000 persons on the short side: unclamped coarse share
-    c = plan.stage_shares(n)[STAGE_COARSE]
-    if 0.1 < c < 0.5:
-        assert rank_error_bound(plan.coarse_candidates().size, c, max(q, 1 - q)) == pytest.approx(1000.0 / 1.5)
+    fractions = set()
+    for eps in (0.2, 1.0, 2.0):  # persons x epsilon decide: the same shares, the same bound x epsilon
+        p = QuantilePlan(Budget(eps), q=q)
+        n = 320.0 / (side * eps)  # 320 / eps persons on the short side: three stages
+        sh = p.stage_shares(n)
+        assert list(sh) == [STAGE_COARSE, STAGE_FINE, STAGE_FINAL]
+        c = sh[STAGE_COARSE]
+        fractions.add(round(c / eps, 12))
+        if 0.05 * eps < c < 0.25 * eps:  # unclamped (q = 0.9): the bound is 1/1.5 of the short side
+            assert rank_error_bound(p.coarse_candidates().size, c, max(q, 1 - q)) == pytest.approx(n * side / 1.5)
+    assert len(fractions) == 1
 
 
 def test_weighted_final_stage_distribution_in_closed_form():
