@@ -28,6 +28,8 @@ number of persons per group. Answers are written to ``<out_dir>/<name>.<agg>.npz
 A query with ``"truncation": "rows"`` (``benchmarks/distribution_anchors.py``: counts of records per
 category) holds one row per record and runs ``enforce(MaxRowsPerID(l0)).groupby(keys).count()``
 instead: each ID keeps at most ``l0`` records (Tumult's own sampling), L1 sensitivity ``l0``.
+An aggregation ``"quantile:<q>"`` runs ``.quantile("value", q, low=0, high=1)`` per group
+(``benchmarks/grouped_quantile.py``).
 
 Prints nothing but Spark's log; writes ``<out_dir>/result.json``: per query and aggregation the
 wall seconds of the evaluate, plus Spark start time and the versions.
@@ -96,6 +98,8 @@ def main(argv: list[str]) -> int:
                 query = base.average("value", low=0.0, high=1.0, name="out", mechanism="laplace")
             elif agg == "count":
                 query = base.count(name="out", mechanism="laplace")
+            elif agg.startswith("quantile:"):  # e.g. "quantile:0.5": the exponential mechanism on [0, 1]
+                query = base.quantile("value", float(agg.split(":", 1)[1]), low=0.0, high=1.0, name="out")
             else:
                 raise ValueError(f"unknown aggregation {agg!r}")
             ans = sess.evaluate(query, PureDPBudget(eps)).toPandas()
