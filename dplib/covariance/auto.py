@@ -27,6 +27,7 @@ clipped branch 2% of epsilon).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,11 +40,12 @@ from dplib.covariance.person import (
     KINDS,
     STAGE_COUNT,
     PersonBHSPlan,
+    check_dummy,
     person_statistic_at_n0,
 )
 from dplib.covariance.private import STATUS_FAIL
 from dplib.errors import ConfigError, InvalidParameterError
-from dplib.fixed_n import release_lower_bound
+from dplib.fixed_n import check_beta, release_lower_bound
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mechanisms import NoiseSource
 from dplib.seam import Aggregates
@@ -89,6 +91,11 @@ class AutoCovariancePlan:
         if not isinstance(self.budget, Budget):
             raise InvalidParameterError("budget must be a dplib.budget.Budget")
         self.clipped_plan()  # d >= 2, delta > 0
+        check_beta(self.beta)
+        check_dummy(self.dummy, self.d)
+        if self.lambda0 is not None and not (isinstance(self.lambda0, (int, float)) and not isinstance(self.lambda0, bool)
+                                             and math.isfinite(self.lambda0) and self.lambda0 > 0):
+            raise InvalidParameterError(f"lambda0 must be a finite number > 0, got {self.lambda0!r}")
 
     @property
     def count_budget(self) -> Budget:

@@ -30,7 +30,7 @@ from dplib.mean.univariate import centred_clip_and_noise, count_weight
 from dplib.mechanisms import SeededNoise
 from dplib.mechanisms import histograms as H
 from dplib.mechanisms.exponential import ExponentialMechanism
-from dplib.quantile import candidates, log_widths, rank_scores, sub_edges
+from dplib.quantile import STAGE_FINAL, QuantilePlan, candidates, log_widths, rank_scores, sub_edges
 
 RUNS = 20_000
 EPS = 1.0
@@ -216,3 +216,30 @@ def test_thresholded_histogram_new_bin_crosses_with_probability_at_most_delta(mo
     monkeypatch.setattr(H, "stability_threshold", lambda e, d: real(2.0 * e, d))
     hits = sum(_histogram_new_bin_run(True, SeededNoise(np.random.default_rng([4, i]))) for i in range(RUNS))
     assert _cp_low(int(hits), RUNS) > delta, hits / RUNS
+
+
+def _quantile_plan_run(extreme: bool, noise) -> float:
+    """The p90's final stage as the job builds it (``QuantilePlan(q=0.9).prepare``, drawn at half
+    its budget): D' adds a person far above every bin (every bin below the p90 loses 0.9, every
+    bin above gains 0.9). In closed form the best threshold event of probability >= 2% reaches
+    0.35 epsilon honest, 4.6 epsilon if the plan declared min(q, 1 - q) = 0.1."""
+    vals = np.r_[_Q_VALUES, 1e6] if extreme else _Q_VALUES
+    exact = NumpyAggregates({"v": vals}, np.arange(vals.size)).log_histogram("v", 0.0, ALL_PERSONS, sub_edges(1))
+    scores, _ = rank_scores(exact, _Q_CANDS, 0.9)
+    em = QuantilePlan(Budget(2.0 * EPS), q=0.9).prepare(noise)[STAGE_FINAL]
+    return float(em.sample(scores, epsilon=EPS, log_weights=log_widths(_Q_CANDS)))
+
+
+@pytest.mark.slow
+def test_quantile_plan_sensitivity_audit_at_q09(monkeypatch):
+    """Through the plan's own prepare(): no violation at q = 0.9, and a plan that declares the
+    sensitivity min(q, 1 - q) instead of max(q, 1 - q) is caught at the same size (a review's
+    mutant that every other test missed)."""
+    d, dp = _outputs(_quantile_plan_run, SeededNoise, 7)
+    honest = eps_lower_bound(d, dp)
+    assert 0.2 * EPS < honest <= EPS, honest
+    monkeypatch.setattr(QuantilePlan, "sensitivity", property(lambda self: min(self.q, 1.0 - self.q)))
+    d, dp = _outputs(_quantile_plan_run, SeededNoise, 8)
+    buggy = eps_lower_bound(d, dp)
+    assert buggy > EPS, buggy
+
