@@ -7,10 +7,10 @@ persons at epsilon 0.2 was refused). The anchors avoid the problem with a user r
 range comes from all groups at once:
 
 1. **shared window** (``SHARED_SHARE`` of the statistic's epsilon, once, on one value per person
-   with every group pooled): the range-free median ``c`` (half the share), then the median
+   with every group pooled): the range-free median ``c`` (``MEDIAN_SHARE`` of it), then the median
    absolute deviation around it by one exponential mechanism over 4-per-octave magnitude bins of
-   ``|Y - c|`` (the other half). The window is centred on ``c`` and reaches ``WINDOW_MADS`` times
-   the upper edge of the chosen bin (public: DP outputs); no window when the median is
+   ``|Y - c|`` (the rest). The window is centred on ``c`` and reaches the first power of two at or
+   above ``WINDOW_MADS`` times the upper edge of the chosen bin (public: DP outputs); no window when the median is
    ``INSUFFICIENT_DATA``.
 2. **per group** (the rest / L0, as any grouped statistic): a Laplace count (``COUNT_SHARE``);
    then, when the noisy persons on the short side of q times the group's epsilon reach
@@ -63,11 +63,14 @@ from dplib.seam import Aggregates
 ALGORITHM = "log-bin-exponential-quantile/shared-window"
 ALGORITHM_VERSION = "1"
 #: Share of the statistic's epsilon (after any partition selection) spent on the shared window.
-SHARED_SHARE = 0.1
+SHARED_SHARE = 0.15
 #: The window reaches this many pooled median absolute deviations (the upper edge of its bin)
 #: around the pooled median.
-WINDOW_MADS = 8.0
+WINDOW_MADS = 4.0
 STAGE_MAD = "median absolute deviation"
+#: The pooled median's share of the window's budget (the deviation gets the rest: its exponential
+#: mechanism has n / 2 persons on each side and needs little).
+MEDIAN_SHARE = 2.0 / 3.0
 STAGE_WINDOW = "windowed quantile"
 #: Key of the shared window's mechanisms in :meth:`GroupQuantilePlan.prepare`'s dict.
 SHARED_KEY = "shared window"
@@ -93,12 +96,12 @@ class SharedWindowPlan:
     group: GroupRange = ALL_PERSONS
 
     def median_plan(self) -> QuantilePlan:
-        return QuantilePlan(Budget(self.budget.epsilon / 2.0, 0.0), q=0.5, exponent_range=self.exponent_range,
-                            group=self.group)
+        return QuantilePlan(Budget(self.budget.epsilon * MEDIAN_SHARE, 0.0), q=0.5,
+                            exponent_range=self.exponent_range, group=self.group)
 
     @property
     def mad_epsilon(self) -> float:
-        return self.budget.epsilon / 2.0
+        return self.budget.epsilon * (1.0 - MEDIAN_SHARE)
 
     def charges(self, prefix: str = "") -> list[Charge]:
         return self.median_plan().charges(f"{prefix}median: ") + [
@@ -149,8 +152,7 @@ def shared_window(backend: Aggregates, column: str, plan: SharedWindowPlan, nois
     med = person_quantile(backend, column, plan.median_plan(), noise, accountant, f"{stage_prefix}median: ",
                           mech["median"])
     if med.estimate is None:
-        accountant.charge(f"{stage_prefix}{STAGE_MAD}", Budget(plan.mad_epsilon, 0.0), plan.group)
-        return None  # charged as planned (the window's cost does not depend on the data)
+        return None  # the deviation stage never starts (a DP outcome stopped it): not charged
     m = float(med.estimate[0])
     accountant.charge(f"{stage_prefix}{STAGE_MAD}", Budget(plan.mad_epsilon, 0.0), plan.group)
     cand = candidates(*plan.exponent_range, COARSE_SUB)
@@ -162,7 +164,9 @@ def shared_window(backend: Aggregates, column: str, plan: SharedWindowPlan, nois
     lo, hi = float(max(cand.lower[j], 0.0)), float(cand.upper[j])
     top = hi if math.isfinite(hi) else max(lo, 1.0) * 2.0
     reach = max(WINDOW_MADS * top, abs(m) * 2.0**-20, 2.0**MIN_EXPONENT)
-    e_hi = max(math.frexp(2.0 * reach)[1], MIN_EXPONENT + FINE_OCTAVES + 1)
+    # the bins reach 2**(e_hi + 1), the first power of two >= reach: a window much wider than the
+    # data gives the far bins (which hold nobody) weight enough to be picked at small epsilon
+    e_hi = max(math.frexp(reach)[1] - 1, MIN_EXPONENT + FINE_OCTAVES + 1)
     return QuantileWindow(m, min(e_hi, 995), lo, hi)
 
 
