@@ -234,13 +234,34 @@ def _continuous_em(y, q, eps, rng):
 
 @pytest.mark.parametrize("n,q", [(10_000, 0.5), (2_000, 0.9), (400, 0.5)])
 def test_accuracy_against_the_continuous_exponential_mechanism(n, q):
-    """Over 60 seeds, the median value error is within 1.6x of the oracle's (which is given the
-    data's [p1, p99]; measured ratios 1.0-1.2) and never off by more than 1 sd."""
+    """Over 80 seeds, the median value error is within 1.6x of the oracle's (400 draws; it is
+    given the data's [p1, p99]; measured ratios 1.0-1.3 at 300 seeds) and never off by more than
+    1 sd. (With 60 oracle draws its median varied by 30% between seeds: too few to compare.)"""
     y = np.random.default_rng([8, n]).normal(5.0, 2.0, n)
     truth = exact_quantile(y, q)
     ours = [abs(person_quantile(agg(y), "v", QuantilePlan(Budget(1.0), q=q), SeededNoise([3, s])).estimate[0] - truth)
-            for s in range(60)]
+            for s in range(80)]
     rng = np.random.default_rng([4, n])
-    anchor = [abs(_continuous_em(y, q, 1.0, rng) - truth) for _ in range(60)]
+    anchor = [abs(_continuous_em(y, q, 1.0, rng) - truth) for _ in range(400)]
     assert np.median(ours) <= 1.6 * np.median(anchor)
     assert max(ours) < 2.0
+
+
+def test_persons_straddling_zero_keep_the_window(monkeypatch):
+    """1,000 persons around 0.3 (sd 1): the coarse pick can land in one of the ~160 empty magnitude
+    bins between 2^-40 and 2^-1; the fine and final windows then reach extra octaves (as many as
+    the persons x epsilon afford). Over 100 seeds at most 10% of medians are off by more than 0.2 sd
+    (measured 4.5%); without the extra octaves (the power check) more than 25% were (measured 40%)."""
+    import dplib.quantile as Q
+
+    y = np.random.default_rng(1).normal(0.3, 1.0, 1000)
+    truth = exact_quantile(y, 0.5)
+
+    def bad_share():
+        errs = [abs(person_quantile(agg(y), "v", QuantilePlan(Budget(1.0)), SeededNoise([2, s])).estimate[0] - truth)
+                for s in range(100)]
+        return float(np.mean(np.array(errs) > 0.2))
+
+    assert bad_share() <= 0.10
+    monkeypatch.setattr(Q, "MAX_EXTRA_OCTAVES", 0)
+    assert bad_share() > 0.25
