@@ -425,9 +425,9 @@ def person_quantile(
     bounds = {STAGE_COARSE: rank_error_bound(coarse.size, shares[STAGE_COARSE], delta_q),
               STAGE_FINAL: rank_error_bound(fine_size(extra), shares[STAGE_FINAL], delta_q)}
     stages = [{"stage": STAGE_COUNT, "epsilon": eps_count, "delta": 0.0}]
-    params = {"q": float(plan.q), "noisy_person_count": round(n_noisy, 1), "sensitivity": delta_q,
-              "extra_octaves": None,
-              "exponent_range": list(plan.exponent_range), "stages": stages}
+    params: dict[str, object] = {
+        "q": float(plan.q), "noisy_person_count": round(n_noisy, 1), "sensitivity": delta_q, "extra_octaves": None,
+        "exponent_range": list(plan.exponent_range), "stages": stages}
     covers = (f"no value bar: with probability >= {RANK_LEVEL:g} the released value's rank among the persons is "
               "within parameters.rank_error_90_persons of q n (plus the persons inside parameters.final_bin)")
     if n_noisy * min(plan.q, 1.0 - plan.q) < INSUFF_FACTOR * max(bounds.values()):

@@ -206,7 +206,7 @@ def auto_covariance(
     accountant.charge(f"{stage_prefix}{STAGE_COUNT}", plan.count_budget, plan.group)
     exact = vectors.count()
     fixed = release_lower_bound(exact, plan.count_budget.epsilon, plan.beta, noise)
-    choice = {"n0": fixed.n0, "noisy_person_count": fixed.noisy_count, "beta": plan.beta,
+    choice: dict[str, object] = {"n0": fixed.n0, "noisy_person_count": fixed.noisy_count, "beta": plan.beta,
               "bhs23_minimum_persons": need}
     if bhs is not None and need is not None and fixed.n0 >= need:
         out = person_statistic_at_n0(vectors, bhs, fixed, exact, noise, accountant, stage_prefix)

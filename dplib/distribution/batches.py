@@ -130,7 +130,9 @@ def numeric_categories(categories: Sequence[str], integer: bool) -> list[tuple[f
         categories that are the same number (e.g. ``"3"`` and ``"3.0"``).
     """
     cats = check_categories(categories)
-    out, bad, seen = [], [], {}
+    out: list[tuple[float, int]] = []
+    bad: list[str] = []
+    seen: dict[float, str] = {}
     for i, c in enumerate(cats):
         try:
             v = float(int(c.strip(), 10)) if integer else float(c)
@@ -161,11 +163,11 @@ def category_index(values: Iterable[object], categories: Sequence[str]) -> np.nd
     numbers: dict[float, int] = {}
     for i, c in enumerate(cats):
         try:
-            v = float(c)
+            num = float(c)
         except ValueError:
             continue
-        if math.isfinite(v):
-            numbers.setdefault(v + 0.0, i)
+        if math.isfinite(num):
+            numbers.setdefault(num + 0.0, i)
     other = len(cats)
     out = []
     for v in values:
