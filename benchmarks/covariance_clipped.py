@@ -4,8 +4,9 @@ person panels (issue 19: "covariance of person means, d = 4, ~4,700 persons, lig
 Estimand: the exact covariance of person means (population normalisation). Error: relative
 Frobenius norm ||Sigma~ - Sigma||_F / ||Sigma||_F; medians and 90th percentiles over seeds; the
 release rate. Numpy twin of the Spark plan (bit-identical aggregates), SeededNoise.
-Run: `.venv/bin/python benchmarks/covariance_clipped.py [--seeds 20] [--epsilon 1]` (needs the
-bench extra for the real panels).
+Run: `.venv/bin/python -m benchmarks.covariance_clipped [--seeds 20] [--epsilon 1] [--estimator auto]`
+(needs the bench extra for the real panels; `auto`: the default of `kind: covariance`, a DP count
+then BHS23 above its gate or the clipped estimator).
 """
 
 from __future__ import annotations
@@ -30,12 +31,20 @@ def synthetic(n: int, heavy: bool, seed: int) -> np.ndarray:
     return 5.0 + (z @ np.linalg.cholesky(COV).T) * UNITS
 
 
-def run(y: np.ndarray, eps: float, seed: int):
+def run(y: np.ndarray, eps: float, seed: int, estimator: str = "clipped"):
     d = y.shape[1]
     cols = [f"y{j}" for j in range(d)]
     rng = np.random.default_rng(10_000 + seed)
-    be = NumpyAggregates({c: y[:, j] for j, c in enumerate(cols)}, rng.integers(0, 2**32, y.shape[0]))
-    rel = clipped_covariance(be, cols, ClippedCovariancePlan(Budget(eps, 1e-6), d), SeededNoise(seed))
+    ids = rng.integers(0, 2**32, y.shape[0])
+    be = NumpyAggregates({c: y[:, j] for j, c in enumerate(cols)}, ids)
+    if estimator == "auto":  # the default of kind: covariance (a DP count picks BHS23 or the clipped estimator)
+        from dplib.covariance.auto import AutoCovariancePlan, auto_covariance
+        from dplib.covariance.person import NumpyPersonVectors
+
+        vec = NumpyPersonVectors(ids, y, f"{seed + 1:064x}")
+        rel = auto_covariance(be, vec, cols, AutoCovariancePlan(Budget(eps, 1e-6), d), SeededNoise(seed))
+    else:
+        rel = clipped_covariance(be, cols, ClippedCovariancePlan(Budget(eps, 1e-6), d), SeededNoise(seed))
     if rel.status != "OK":
         return None
     true = np.cov(y.T, bias=True)
@@ -46,6 +55,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--epsilon", type=float, default=1.0)
+    ap.add_argument("--estimator", choices=["clipped", "auto"], default="clipped")
     args = ap.parse_args(argv)
     cells = [(f"gaussian d=4 n={n}", lambda s, n=n: synthetic(n, False, s)) for n in (1000, 2000, 4700, 20000)]
     cells += [("t5 d=4 n=4700", lambda s: synthetic(4700, True, s))]
@@ -56,11 +66,11 @@ def main(argv=None) -> int:
         cells.append((f"nlswork ln_wage/hours/tenure/ttl_exp ({info['persons']} persons)", lambda s: nls))
     except Exception as err:  # the bench extra is not installed
         print(f"nlswork: SKIPPED ({type(err).__name__}: {err})")
-    print(f"clipped covariance: eps = {args.epsilon}, delta = 1e-6, {args.seeds} seeds")
+    print(f"covariance, estimator {args.estimator}: eps = {args.epsilon}, delta = 1e-6, {args.seeds} seeds")
     print(f"{'cell':<58}{'released':>9}{'median':>9}{'p90':>9}{'sec':>6}")
     for name, make in cells:
         t0 = time.time()
-        errs = [run(make(s), args.epsilon, s) for s in range(args.seeds)]
+        errs = [run(make(s), args.epsilon, s, args.estimator) for s in range(args.seeds)]
         ok = [e for e in errs if e is not None]
         med = f"{np.median(ok):.3f}" if ok else "-"
         p90 = f"{np.quantile(ok, 0.9):.3f}" if ok else "-"
