@@ -44,7 +44,7 @@ def make_config(input_path, out, stats):
 
 
 STATS = [
-    {"name": "cov", "kind": "covariance", "columns": COLS, "share": 0.9, "options": {"lambda0": 12.0}},
+    {"name": "cov", "kind": "covariance", "columns": COLS, "share": 0.9, "options": {"lambda0": 12.0, "estimator": "bhs23"}},
     {"name": "mu", "kind": "mean_affine", "columns": COLS, "share": 0.1},  # n0 far below its gate: FAIL
 ]
 
