@@ -41,7 +41,7 @@ def _setup_logging(verbose: bool) -> None:
 
 def _why_no_bar(covers: str) -> str:
     """The reason part of an ``error_covers`` text that says there is no bar."""
-    return covers.removeprefix("none: ").removeprefix("no error bar: ")
+    return covers.removeprefix("none: ").removeprefix("no error bar: ").removeprefix("no value bar: ")
 
 
 def _paths(args) -> None:

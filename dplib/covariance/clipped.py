@@ -205,9 +205,11 @@ def clipped_covariance(
     )
     if mean_rel.status != STATUS_OK or mean_rel.estimate is None:
         eps, delta = composed_cost(accountant.charges[start:])
+        why = mean_rel.error_covers.removeprefix("none: ").replace("; or declare options.scales", "")
         return CovarianceRelease(
             STATUS_INSUFFICIENT, None, None,
-            "none: stage 1 (the scale-free multivariate mean) released nothing: " + mean_rel.error_covers,
+            "none: stage 1 (the scale-free multivariate mean) released nothing: " + why
+            + " (more persons or a larger share of the budget)",
             eps, delta, params,
         )
     p1 = mean_rel.parameters
@@ -239,8 +241,14 @@ def clipped_covariance(
             "noisy_person_count": round(n_noisy, 1),
             "second_moment_sigma_scaled": sigma / denom,
             "stage1_tail_flag": bool(p1.get("tail_flag", False)),
+            # the release's flag (the releases table's `flagged` column): stage 1 read the persons'
+            # norms as heavy-tailed, so the clipping radius may cut much of the spread
+            "tail_flag": bool(p1.get("tail_flag", False)),
         }
     )
     covers = ("none: no error bar yet; the estimate is the clipped second moment around stage 1's DP "
               "mean, projected to positive semidefinite")
+    if params["tail_flag"]:
+        covers += ("; WARNING (tail_flag): the persons' vectors look heavy-tailed, and clipping then biases "
+                   "the covariance downwards (seen: about half the exact values on flight delays)")
     return CovarianceRelease(STATUS_OK, cov, mu, covers, eps, delta, params)

@@ -134,8 +134,11 @@ def numeric_categories(categories: Sequence[str], integer: bool) -> list[tuple[f
     bad: list[str] = []
     seen: dict[float, str] = {}
     for i, c in enumerate(cats):
+        if c != c.strip():  # matched by number, shown as written: no hidden spaces in a label
+            bad.append(c)
+            continue
         try:
-            v = float(int(c.strip(), 10)) if integer else float(c)
+            v = float(int(c, 10)) if integer else float(c)
         except ValueError:
             bad.append(c)
             continue
@@ -144,11 +147,12 @@ def numeric_categories(categories: Sequence[str], integer: bool) -> list[tuple[f
             continue
         v = v + 0.0  # -0.0 and 0.0 are one category
         if v in seen:
-            raise InvalidParameterError(f"categories {seen[v]!r} and {c!r} are the same number")
+            raise InvalidParameterError(f"categories {seen[v]!r} and {c!r} are the same number: list it once")
         seen[v] = c
         out.append((v, i))
     if bad:
-        want = "integers such as '3' or '-2'" if integer else "finite numbers such as '3' or '2.5'"
+        want = ("integers such as '3' or '-2', without spaces" if integer
+                else "finite numbers such as '3' or '2.5', without spaces")
         raise InvalidParameterError(f"categories {bad[:5]} cannot match a numeric column: expected {want}")
     return out
 

@@ -223,17 +223,17 @@ class DistributionKind(StatisticKind):
 
     def describe(self, name: str, p) -> str:
         if isinstance(p, SharePlan):
-            return (f"  {name}: distribution over k={p.k} public categories (+ OTHER last), estimator shares: "
+            return (f"  {name}: distribution over k={p.k} categories ({p.k - 1} listed + OTHER last), estimator shares: "
                     "Laplace on the sum of each person's category shares over all their records (no person or "
                     "record dropped; pure epsilon)")
         if p.estimator == "P3":
             G = p.grid_resolution or grid_resolution(p.k, p.alpha)
-            return (f"  {name}: distribution over k={p.k} public categories (+ OTHER last), m={p.m} draws per person "
+            return (f"  {name}: distribution over k={p.k} categories ({p.k - 1} listed + OTHER last), m={p.m} draws per person "
                     f"(fewer: person left out), estimator P3: {ESTIMATOR_NAMES['P3']}; grid G={G} "
                     f"({grid_size(p.k, G)} points), alpha={p.alpha:g}, closeness radius={p.closeness_radius:g}, "
                     f"count share={p.p3_count_share:g}; exactly n0 persons (DP lower bound, "
                     f"keyed-hash rank, padded with all-OTHER batches)")
-        return (f"  {name}: distribution over k={p.k} public categories (+ OTHER last), m={p.m} draws per person "
+        return (f"  {name}: distribution over k={p.k} categories ({p.k - 1} listed + OTHER last), m={p.m} draws per person "
                 f"(fewer: person left out), estimator {p.estimator}: {ESTIMATOR_NAMES[p.estimator]}; "
                 f"radii from public inputs and the DP centre; eta/omega unused by P0-P2")
 

@@ -230,10 +230,11 @@ def check_category_types(schema, cfg) -> None:
         try:
             numeric_categories(categories, dtype in INTEGER_TYPES)
         except InvalidParameterError as err:
+            advice = ("" if "same number" in str(err)
+                      else ". List the categories as numbers, or cast the column to a string type upstream")
             raise InputDataError(
                 f"statistic {stat.name!r}: category column {col!r} has type {f.dataType.simpleString()} and is "
-                f"matched by number; {err}. List the categories as numbers, or cast the column to a string type "
-                "upstream"
+                f"matched by number; {err}{advice}"
             ) from err
 
 

@@ -49,6 +49,7 @@ def test_float_codes_with_integer_categories_pass(files):
     (0, ["3", "3.0"], r"'3' and '3.0' are the same number"),
     (1, ["1", "2.5"], r"category column 'code' has type bigint.*\['2.5'\].*integers"),
     (1, ["1", "3.0", "x"], r"\['3.0', 'x'\]"),
+    (1, ["1", " 2"], r"\[' 2'\].*without spaces"),
 ])
 def test_categories_that_cannot_match_a_numeric_column_are_refused_before_spending(files, which, cats, pattern):
     with pytest.raises(InputDataError, match=pattern):
