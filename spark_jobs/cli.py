@@ -223,8 +223,9 @@ def cmd_validate(args) -> int:
 
     cfg = load_config(args.config, args.set)
     eps, delta = plan_job(cfg).cost
+    schema = check_input_schema(cfg)  # raises on a schema the config cannot run on: nothing "valid" printed first
     print(f"config {args.config}: valid; plan cost epsilon={eps:.6g} delta={delta:.3g}")
-    print(check_input_schema(cfg))
+    print(schema)
     return 0
 
 
