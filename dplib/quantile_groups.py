@@ -52,6 +52,7 @@ from dplib.quantile import (
     QuantilePlan,
     QuantileRelease,
     candidates,
+    extra_octaves,
     log_widths,
     person_quantile,
     rank_scores,
@@ -124,8 +125,9 @@ class QuantileWindow:
     mad_low: float
     mad_high: float
 
-    def candidates(self):
-        return candidates(self.e_hi - FINE_OCTAVES, self.e_hi, FINE_SUB)
+    def candidates(self, extra: int = 0):
+        """The window's bins, reaching ``extra`` octaves further (public)."""
+        return candidates(self.e_hi - FINE_OCTAVES, min(self.e_hi + extra, 995), FINE_SUB)
 
 
 def magnitude_scores(exact: dict[int, int], cand) -> np.ndarray:
@@ -273,7 +275,12 @@ def group_person_quantile(
     e = eps - eps_count
     accountant.charge(f"{stage_prefix}{STAGE_WINDOW}", Budget(e, 0.0), plan.group)
     stages.append({"stage": STAGE_WINDOW, "epsilon": e, "delta": 0.0})
-    cands = window.candidates()
+    # a group far from the pooled median (well separated groups) may lie beyond the window: it
+    # reaches further when the group's persons x epsilon afford the volume (as the range-free fine
+    # and final windows do, :func:`dplib.quantile.extra_octaves`)
+    extra = extra_octaves(max(n_noisy, 1.0) * side, e, plan.sensitivity)
+    cands = window.candidates(extra)
+    params["extra_octaves"] = extra
     scores, _ = rank_scores(backend.log_histogram(column, window.centre, plan.group, sub_edges(FINE_SUB)), cands,
                             plan.q)
     j = mech[STAGE_WINDOW].sample(scores, epsilon=e, log_weights=log_widths(cands))
