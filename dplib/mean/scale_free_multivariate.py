@@ -130,10 +130,18 @@ class ScaleFreeMultivariatePlan:
     k: float | None = None
     range_quantile: float = 0.9
     group: GroupRange = ALL_PERSONS
+    range_share: float = RANGE_SHARE
+    range_retry_share: float = RANGE_RETRY_SHARE
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, Budget):
             raise InvalidParameterError("budget must be a dplib.budget.Budget")
+        for name in ("range_share", "range_retry_share"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0:
+                raise InvalidParameterError(f"{name} must be in (0, 1), got {v!r}")
+        if self._final_share_min() <= 0.0:
+            raise InvalidParameterError("range_share + range_retry_share leave no share for the final stage")
         if self.budget.delta <= 0.0:
             raise InvalidParameterError(
                 "the multivariate mean is an approximate-DP estimator: delta must be > 0"
@@ -146,9 +154,9 @@ class ScaleFreeMultivariatePlan:
         # every mechanism's public parameters must be finite before anything is reserved
         gaussian_sigma(1.0, self.budget.epsilon * self._final_share_min(), self.budget.delta / 2.0)
 
-    @staticmethod
-    def _final_share_min() -> float:
-        return 1.0 - RANGE_SHARE - RANGE_RETRY_SHARE - SMALL_DATA_BOOST * (CENTRE_SHARE + SCALES_SHARE + NORM_SHARE)
+    def _final_share_min(self) -> float:
+        return (1.0 - self.range_share - self.range_retry_share
+                - SMALL_DATA_BOOST * (CENTRE_SHARE + SCALES_SHARE + NORM_SHARE))
 
     def charges(self, prefix: str = "") -> list[Charge]:
         """Nominal charges in order (the privacy cost before any data is read).
@@ -160,8 +168,8 @@ class ScaleFreeMultivariatePlan:
         eps, delta = self.budget.epsilon, self.budget.delta
         b = SMALL_DATA_BOOST
         parts = [
-            (STAGE_RANGES, RANGE_SHARE, delta / 4.0),
-            (STAGE_RANGES_RETRY, RANGE_RETRY_SHARE, delta / 4.0),
+            (STAGE_RANGES, self.range_share, delta / 4.0),
+            (STAGE_RANGES_RETRY, self.range_retry_share, delta / 4.0),
             (STAGE_CENTRE, CENTRE_SHARE * b, 0.0),
             (STAGE_SCALES, SCALES_SHARE * b, 0.0),
             (STAGE_NORMS, NORM_SHARE * b, 0.0),
@@ -285,19 +293,25 @@ def scale_free_multivariate_mean(
 
     charge = stage_charger(accountant, charges)
 
-    def ranges_run(stage: str):
+    def ranges_run(stage: str, coords: list[int]):
+        # the stage's (epsilon, delta) composed over the coordinates it reads (a public choice:
+        # all of them, or those the first run left without a range, a DP outcome)
         b = charge(stage)
-        eps_j, delta_j = coordinate_budget(b.epsilon, b.delta, d)
-        exact = backend.log_histograms(columns, [0.0] * d, group)
+        eps_j, delta_j = coordinate_budget(b.epsilon, b.delta, len(coords))
+        exact = backend.log_histograms([columns[j] for j in coords], [0.0] * len(coords), group)
         out = [magnitude_range_from_counts(h, eps_j, delta_j, noise, plan.range_quantile) for h in exact]
         del exact
         return out
 
-    # 1. per-coordinate magnitude ranges (retry with a larger share if any coordinate failed)
-    ranges = ranges_run(STAGE_RANGES)
-    retried = any(r is None for r in ranges)
+    # 1. per-coordinate magnitude ranges; if some coordinate released no bucket, a retry with a
+    # larger share on those coordinates only (the others keep their first-run ranges)
+    ranges = ranges_run(STAGE_RANGES, list(range(d)))
+    failed = [j for j, r in enumerate(ranges) if r is None]
+    retried = bool(failed)
     if retried:
-        ranges = ranges_run(STAGE_RANGES_RETRY)
+        for j, r in zip(failed, ranges_run(STAGE_RANGES_RETRY, failed)):
+            ranges[j] = r
+        params["range_retried_coordinates"] = failed
     params["range_retried"] = retried
     if any(r is None for r in ranges):
         eps, delta = composed_cost(accountant.charges[start:])

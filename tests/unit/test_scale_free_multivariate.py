@@ -134,6 +134,9 @@ def test_plan_cost_is_the_budget_and_shares_are_the_documented_ones():
         ({"budget": Budget(1.0, 1e-6), "d": 2, "k": 1.0}, "k"),
         ({"budget": Budget(1.0, 1e-6), "d": 2, "range_quantile": 1.0}, "range_quantile"),
         ({"budget": (1.0, 1e-6), "d": 2}, "budget"),
+        ({"budget": Budget(1.0, 1e-6), "d": 2, "range_share": 0.0}, "range_share"),
+        ({"budget": Budget(1.0, 1e-6), "d": 2, "range_retry_share": True}, "range_retry_share"),
+        ({"budget": Budget(1.0, 1e-6), "d": 2, "range_share": 0.3, "range_retry_share": 0.5}, "final stage"),
     ],
 )
 def test_bad_plan_parameters_are_named(kwargs, name):
@@ -177,6 +180,51 @@ def test_small_data_retries_and_still_charges_the_budget():
     assert rel.status == STATUS_OK and rel.parameters["range_retried"] is True
     eps, _ = composed_cost(acc.charges)
     assert eps == pytest.approx(EPS, rel=1e-12)
+
+
+class _SpyBackend:
+    """NumpyAggregates that records which columns each log_histograms call read."""
+
+    def __init__(self, inner):
+        self._inner, self.log_calls = inner, []
+
+    def log_histograms(self, columns, centres, group, *args):
+        self.log_calls.append(list(columns))
+        return self._inner.log_histograms(columns, centres, group, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_retry_reads_only_the_coordinates_the_first_run_left_without_a_range():
+    # x0: every person at 5 (one magnitude bucket of 3,000: passes the first run's threshold,
+    # ~1 + log(1 / delta_j) / eps_j ~ 1,100 at eps_j = 0.02); x1: N(0, 100) spread over ~10
+    # signed buckets of < 600 each (fails it, passes the retry's ~240 at eps_j = 0.1, the
+    # retry's whole share on one coordinate)
+    rng = np.random.default_rng(5)
+    y = np.column_stack([np.full(3_000, 5.0), 100.0 * rng.standard_normal(3_000)])
+    spy = _SpyBackend(_backend(y))
+    acc = Accountant(Budget(EPS, DELTA))
+    plan = ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 2)
+    rel = scale_free_multivariate_mean(spy, _cols(2), plan, SeededNoise(4), acc)
+    assert spy.log_calls[:2] == [["x0", "x1"], ["x1"]]
+    assert rel.parameters["range_retried_coordinates"] == [1]
+    retry = next(c for c in acc.charges if c.stage == STAGE_RANGES_RETRY)
+    assert retry.budget.epsilon == pytest.approx(EPS * RANGE_RETRY_SHARE)  # charged in full, for one coordinate
+    assert rel.status == STATUS_OK
+    lo0, hi0 = rel.parameters["coordinate_ranges"][0]
+    assert lo0 <= 5.0 <= hi0 and hi0 - lo0 <= 8.0  # x0 keeps its first-run bucket [4, 8)
+    eps, _ = composed_cost(acc.charges)
+    assert eps == pytest.approx(EPS, rel=1e-12)
+
+
+def test_plan_range_shares_move_the_final_stage():
+    plan = ScaleFreeMultivariatePlan(Budget(1.0, 1e-6), 4, range_share=0.1, range_retry_share=0.4)
+    eps = {c.stage: c.budget.epsilon for c in plan.charges()}
+    b = SMALL_DATA_BOOST
+    assert eps[STAGE_RANGES] == pytest.approx(0.1) and eps[STAGE_RANGES_RETRY] == pytest.approx(0.4)
+    assert eps[STAGE_FINAL] == pytest.approx(1.0 - 0.1 - 0.4 - b * (CENTRE_SHARE + SCALES_SHARE + NORM_SHARE))
+    assert plan.cost().epsilon == pytest.approx(1.0, rel=1e-12)
 
 
 def test_too_few_persons_is_insufficient_and_keeps_only_the_range_charges():
