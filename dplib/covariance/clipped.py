@@ -104,7 +104,8 @@ class ClippedCovariancePlan:
     def mean_plan(self) -> ScaleFreeMultivariatePlan:
         eps, delta = self.budget.epsilon, self.budget.delta
         return ScaleFreeMultivariatePlan(Budget(eps * MEAN_SHARE, delta / 2.0), self.d, self.k, group=self.group,
-                                         range_share=MEAN_RANGE_SHARE, range_retry_share=MEAN_RANGE_RETRY_SHARE)
+                                         range_share=MEAN_RANGE_SHARE, range_retry_share=MEAN_RANGE_RETRY_SHARE,
+                                         range_retry2_share=0.0)
 
     def charges(self, prefix: str = "") -> list[Charge]:
         """Nominal charges in order; their composed cost is the budget."""

@@ -10,7 +10,9 @@ stage (share of eps)    mechanism
 ======================  ========================================================================
 coordinate ranges 4%    per coordinate, thresholded histogram of signed binary magnitudes (centre
                         0) -> [L_j, U_j]; (eps, delta/4) split over the d coordinates
-(retry 20%)             only if some coordinate released no bucket: the same, larger share
+(retry 20%)             only if some coordinate released no bucket: the same, larger share,
+                        on those coordinates only (delta/8; the others keep their ranges)
+(second retry 25%)      on the coordinates both runs missed (delta/8); 0 turns it off
 centre 4%               per coordinate, Laplace histogram of 24 bins of width (U_j - L_j)/8 over
                         [L_j - W_j, U_j + W_j], centroid of the argmax bin and its neighbours
 coordinate scales 5%    per coordinate, Laplace histogram of |Y_j - c_j| on half octaves ->
@@ -28,7 +30,7 @@ per-coordinate histograms compose by the better of basic and advanced compositio
 Laplace histograms.
 
 Privacy: add/remove one person; every stage reads all persons; the stages compose sequentially to
-at most the statistic's (epsilon, delta) (range delta/4 per run, final delta/2); every centre,
+at most the statistic's (epsilon, delta) (range delta/4, each retry delta/8, or delta/4 with one retry only; final delta/2); every centre,
 scale, radius and share is post-processing of earlier DP outputs. ``docs/privacy/multivariate_mean.md``.
 """
 
@@ -81,6 +83,7 @@ ALGORITHM_VERSION = "2"
 
 STAGE_RANGES = "coordinate ranges"
 STAGE_RANGES_RETRY = "coordinate ranges (retry)"
+STAGE_RANGES_RETRY2 = "coordinate ranges (second retry)"
 STAGE_CENTRE = "centre"
 STAGE_SCALES = "coordinate scales"
 STAGE_NORMS = "norm profile"
@@ -88,6 +91,9 @@ STAGE_FINAL = "final clip-and-noise"
 
 RANGE_SHARE = 0.04
 RANGE_RETRY_SHARE = 0.20
+#: A second retry, on the coordinates both runs missed (small data: at d = 4, ~1,000 persons with
+#: one coordinate spread over many octaves); 0 turns it off.
+RANGE_RETRY2_SHARE = 0.25
 CENTRE_SHARE = 0.04
 SCALES_SHARE = 0.05
 NORM_SHARE = 0.06
@@ -132,6 +138,7 @@ class ScaleFreeMultivariatePlan:
     group: GroupRange = ALL_PERSONS
     range_share: float = RANGE_SHARE
     range_retry_share: float = RANGE_RETRY_SHARE
+    range_retry2_share: float = RANGE_RETRY2_SHARE
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, Budget):
@@ -140,8 +147,11 @@ class ScaleFreeMultivariatePlan:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0:
                 raise InvalidParameterError(f"{name} must be in (0, 1), got {v!r}")
+        v = self.range_retry2_share
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+            raise InvalidParameterError(f"range_retry2_share must be in [0, 1), got {v!r}")
         if self._final_share_min() <= 0.0:
-            raise InvalidParameterError("range_share + range_retry_share leave no share for the final stage")
+            raise InvalidParameterError("range_share + range_retry_share + range_retry2_share leave no share for the final stage")
         if self.budget.delta <= 0.0:
             raise InvalidParameterError(
                 "the multivariate mean is an approximate-DP estimator: delta must be > 0"
@@ -155,7 +165,7 @@ class ScaleFreeMultivariatePlan:
         gaussian_sigma(1.0, self.budget.epsilon * self._final_share_min(), self.budget.delta / 2.0)
 
     def _final_share_min(self) -> float:
-        return (1.0 - self.range_share - self.range_retry_share
+        return (1.0 - self.range_share - self.range_retry_share - self.range_retry2_share
                 - SMALL_DATA_BOOST * (CENTRE_SHARE + SCALES_SHARE + NORM_SHARE))
 
     def charges(self, prefix: str = "") -> list[Charge]:
@@ -169,7 +179,11 @@ class ScaleFreeMultivariatePlan:
         b = SMALL_DATA_BOOST
         parts = [
             (STAGE_RANGES, self.range_share, delta / 4.0),
-            (STAGE_RANGES_RETRY, self.range_retry_share, delta / 4.0),
+            (STAGE_RANGES_RETRY, self.range_retry_share, delta / (8.0 if self.range_retry2_share > 0 else 4.0)),
+        ]
+        if self.range_retry2_share > 0:
+            parts.append((STAGE_RANGES_RETRY2, self.range_retry2_share, delta / 8.0))
+        parts += [
             (STAGE_CENTRE, CENTRE_SHARE * b, 0.0),
             (STAGE_SCALES, SCALES_SHARE * b, 0.0),
             (STAGE_NORMS, NORM_SHARE * b, 0.0),
@@ -312,6 +326,11 @@ def scale_free_multivariate_mean(
         for j, r in zip(failed, ranges_run(STAGE_RANGES_RETRY, failed)):
             ranges[j] = r
         params["range_retried_coordinates"] = failed
+        still = [j for j in failed if ranges[j] is None]
+        if still and plan.range_retry2_share > 0:  # a second retry on what both runs missed
+            for j, r in zip(still, ranges_run(STAGE_RANGES_RETRY2, still)):
+                ranges[j] = r
+            params["range_retried_twice_coordinates"] = still
     params["range_retried"] = retried
     if any(r is None for r in ranges):
         eps, delta = composed_cost(accountant.charges[start:])
