@@ -243,7 +243,7 @@ def test_second_retry_reads_only_what_both_runs_missed():
     # three narrow ones (fullest magnitude buckets of 400-1,000 persons) and misses the sd-10 one
     # (~245); the second retry (25% on that one alone, ~70) finds it. Then a release whose bars
     # cover: the accuracy/coverage study (40 seeds: median scaled l2 error 0.27, coordinate
-    # coverage 0.96) is in benchmarks/results/covariance_clipped.md.
+    # coverage 0.96) is in benchmarks/results/multivariate_small_n.md.
     rng = np.random.default_rng(12)
     y = 5.0 + rng.standard_normal((1_000, 4)) * np.array([1.0, 10.0, 0.1, 3.0])
     spy = _SpyBackend(_backend(y))
