@@ -45,13 +45,13 @@ from dplib.groups import GroupRange
 from dplib.mean.error_bars import ERROR_LEVEL, laplace_iid_sum_upper
 from dplib.mean.scale_free import RADIUS_GRID_PER_OCTAVE, RADIUS_REACH
 from dplib.mean.scale_free_stages import (
-    FLAG_NU,
     INSUFFICIENT_REASON,
     ScaleFreeSetup,
     ScaleFreeStagesPlan,
     StageShares,
     point_tail,
     scale_free_stages,
+    tail_flag_reason,
 )
 from dplib.mean.tails import StudentTail
 from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK, MeanRelease
@@ -213,8 +213,8 @@ def person_sum(
                   "measured in it, or a tail heavier than x^-1); the estimate is private but has no honest "
                   "error bar")
     elif setup.tail_flag:
-        covers += ("; WARNING (tail_flag): the persons' totals look heavy-tailed (fitted tail power "
-                   f"{setup.fitted_nu:.2g} < {FLAG_NU:g}, or persons beyond the deviation histogram); the "
+        covers += ("; WARNING (tail_flag): the persons' totals look heavy-tailed ("
+                   f"{tail_flag_reason(setup.fitted_nu, setup.overflow)}); the "
                    "bias bound assumes that tail continues as fitted, which the data may break")
     eps, delta = composed_cost(accountant.charges[start:])
     params.update({

@@ -46,7 +46,6 @@ from dplib.groups import GroupRange
 from dplib.mean.error_bars import ERROR_LEVEL, laplace_sum_quantile
 from dplib.mean.scale_free import RADIUS_GRID_PER_OCTAVE, RADIUS_REACH
 from dplib.mean.scale_free_stages import (
-    FLAG_NU,
     INSUFFICIENT_REASON,
     ScaleFreeStagesPlan,
     StageShares,
@@ -54,6 +53,7 @@ from dplib.mean.scale_free_stages import (
     point_tail,
     scale_free_stages,
     strict_tail,
+    tail_flag_reason,
 )
 from dplib.mean.tails import StudentTail
 from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK, MeanRelease
@@ -290,8 +290,8 @@ def person_variance(
                   "second moment (a fitted tail heavier than x^-2, or no persons measured in it); the "
                   "estimate is private but has no honest error bar")
     elif setup.tail_flag:
-        covers += ("; WARNING (tail_flag): the persons' means look heavy-tailed (fitted tail power "
-                   f"{setup.fitted_nu:.2g} < {FLAG_NU:g}, or persons beyond the deviation histogram); the "
+        covers += ("; WARNING (tail_flag): the persons' means look heavy-tailed ("
+                   f"{tail_flag_reason(setup.fitted_nu, setup.overflow)}); the "
                    "bias bound assumes that tail continues as fitted, which the data may break")
     eps, delta = composed_cost(accountant.charges[start:])
     params.update({

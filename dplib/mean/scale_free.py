@@ -91,6 +91,7 @@ from dplib.mean.scale_free_stages import (  # the early stages; re-exported (see
     stage_charger,
     tail_balance,
     tail_counts,
+    tail_flag_reason,
     tail_from_profile,
 )
 from dplib.mean.univariate import (
@@ -341,8 +342,8 @@ def scale_free_person_mean(
         )
     if half is not None and tail_flag:
         covers += (
-            "; WARNING (tail_flag): the persons' means look heavy-tailed (fitted tail power "
-            f"{fitted_nu:.2g} < {FLAG_NU:g}, or persons beyond the deviation histogram); the bias "
+            "; WARNING (tail_flag): the persons' means look heavy-tailed ("
+            f"{tail_flag_reason(fitted_nu, overflow)}); the bias "
             "bound assumes that tail continues as fitted, which the data may break"
         )
     eps, delta = composed_cost(accountant.charges[start:])

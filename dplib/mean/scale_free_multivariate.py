@@ -65,7 +65,6 @@ from dplib.mean.ranges import (
 )
 from dplib.mean.scale_free import (
     CENTRE_BINS,
-    FLAG_NU,
     PROFILE_OCTAVES_ABOVE,
     PROFILE_OCTAVES_BELOW,
     RADIUS_REACH,
@@ -74,6 +73,7 @@ from dplib.mean.scale_free import (
     stage_charger,
     tail_from_profile,
 )
+from dplib.mean.scale_free_stages import tail_flag_reason
 from dplib.mean.scale_free import PROFILE_SUB_EDGES as HALF_OCTAVE
 from dplib.mechanisms import NoiseSource, gaussian_sigma
 from dplib.seam import Aggregates
@@ -428,8 +428,8 @@ def scale_free_multivariate_mean(
         )
         if tail_flag:
             covers += (
-                "; WARNING (tail_flag): the deviation norms look heavy-tailed (fitted tail power "
-                f"{fitted_nu:.2g} < {FLAG_NU:g}, or persons beyond the norm histogram); the bias bound "
+                "; WARNING (tail_flag): the deviation norms look heavy-tailed ("
+                f"{tail_flag_reason(fitted_nu, overflow, 'norm histogram')}); the bias bound "
                 "assumes that tail continues as fitted, which the data may break"
             )
     noise_sd = fin.sigma / fin.denom * scales

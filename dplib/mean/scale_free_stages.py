@@ -201,6 +201,19 @@ def tail_from_profile(profile, epsilon: float, k: float | None, measured_sd: flo
     return model, fitted_nu, nu_used, tail_flag, overflow
 
 
+def tail_flag_reason(fitted_nu: float, overflow: float, histogram: str = "deviation histogram") -> str:
+    """Why ``tail_flag`` is set, in words (public: from DP outputs): the fitted tail power below
+    ``FLAG_NU``, persons beyond the histogram's top edge (more than ``OVERFLOW_WARN``), or else
+    noisy mass above its highest visible bin."""
+    if fitted_nu < FLAG_NU:
+        return f"fitted tail power {fitted_nu:.2g} < {FLAG_NU:g}"
+    if overflow > OVERFLOW_WARN:
+        return (f"{overflow:.0%} of the persons beyond the top of the {histogram}; with delta = 0 the range "
+                "stage sees only magnitudes inside options.exponent_range (default 2^-40 to 2^60): "
+                "for larger values widen it or use delta > 0")
+    return f"noisy mass above the {histogram}'s highest visible bin"
+
+
 def balance_edge(model) -> float:
     """The edge beyond which the tail balance counts persons: the first measured edge whose
     survival is at most ``BALANCE_SURVIVAL`` (else the last measured edge). Post-processing."""

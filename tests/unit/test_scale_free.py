@@ -508,3 +508,16 @@ def test_a_user_moment_order_below_light_disables_the_light_path():
     assert capped.parameters["fine_epsilon"] == pytest.approx(0.82)
     assert capped.parameters["clipping_radius"] > light.parameters["clipping_radius"]
     assert "balanced size" in light.error_covers and "balanced size" not in capped.error_covers
+
+
+def test_tail_flag_reason_names_the_trigger_that_fired():
+    """A new user's trial: the warning read 'fitted tail power 5.5 < 2' when the overflow trigger
+    had fired (person means near 1e29 with delta = 0, beyond the pure range's exponents)."""
+    from dplib.mean.scale_free_stages import FLAG_NU, OVERFLOW_WARN, tail_flag_reason
+
+    assert tail_flag_reason(1.5, 0.0) == f"fitted tail power 1.5 < {FLAG_NU:g}"
+    over = tail_flag_reason(5.5, 1.0)
+    assert "< 2" not in over and "100% of the persons beyond the top of the deviation histogram" in over
+    assert "options.exponent_range" in over
+    assert "norm histogram" in tail_flag_reason(9.0, 2 * OVERFLOW_WARN, "norm histogram")
+    assert tail_flag_reason(9.0, OVERFLOW_WARN / 2) == "noisy mass above the deviation histogram's highest visible bin"
