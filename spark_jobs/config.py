@@ -145,10 +145,42 @@ class SummaryConfig(Frozen):
         return self
 
 
+#: A file system refuses a path component longer than this many bytes (NAME_MAX on Linux and
+#: macOS, and object-store clients that map keys to local staging files): a path with one is
+#: refused by the config check, before any budget is reserved, not by the writer after it.
+MAX_PATH_COMPONENT_BYTES = 255
+#: The same for the whole path (PATH_MAX 4096, less room for the tables' own sub-paths).
+MAX_PATH_BYTES = 3800
+
+
+def check_table_path(path: str | None, field: str) -> str | None:
+    """Refuse a path the writer could not create: a component over MAX_PATH_COMPONENT_BYTES or a
+    path over MAX_PATH_BYTES (UTF-8 bytes), or a NUL character. The URI scheme (``s3://``) is not
+    a component."""
+    if path is None:
+        return path
+    if "\x00" in path:
+        raise ValueError(f"{field} contains a NUL character")
+    body = path.split("://", 1)[1] if "://" in path else path
+    if len(path.encode()) > MAX_PATH_BYTES:
+        raise ValueError(f"{field} is {len(path.encode())} bytes long; at most {MAX_PATH_BYTES} are allowed")
+    for part in body.split("/"):
+        n = len(part.encode())
+        if n > MAX_PATH_COMPONENT_BYTES:
+            raise ValueError(f"{field} has a path component of {n} bytes ({part[:20]}...); file systems allow at "
+                             f"most {MAX_PATH_COMPONENT_BYTES}")
+    return path
+
+
 class OutputConfig(Frozen):
     """Where releases go: the Delta table ``<path>/releases``."""
 
     path: str = Field(min_length=1)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        return check_table_path(v, "output.path")  # type: ignore[return-value]
 
 
 class LimitConfig(_EpsilonDelta):
@@ -176,6 +208,11 @@ class LedgerConfig(Frozen):
     path: str | None = None
     population: str | None = None
     initial_limit: LimitConfig | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        return check_table_path(v, "ledger.path")
 
 
 class SparkConfig(Frozen):

@@ -137,3 +137,29 @@ def test_cli_takes_table_and_ledger_paths_from_config(tmp_path):
     _paths(args)
     assert args.ledger == DEFAULT_LEDGER
     assert _why_no_bar("no error bar: the exponential mechanism") == "the exponential mechanism"
+
+
+def test_an_unwritable_table_path_is_refused_by_the_config_check(tmp_path):
+    """An adversarial re-run: a 300-character output path component passed `validate`, the run
+    reserved its budget, then delta-rs failed with 'File name too long' (a raw traceback, the
+    entry left reserved). Now the config check refuses it, naming the field."""
+    long = "a" * 300
+    d = _data(tmp_path)
+    d["output"] = {"path": str(tmp_path / long)}
+    with pytest.raises(ConfigError, match=r"output.path has a path component of 300 bytes"):
+        parse_config(d)
+    d = _data(tmp_path, ledger={"path": f"s3://bucket/{long}/ledger"})
+    with pytest.raises(ConfigError, match=r"ledger.path has a path component of 300 bytes"):
+        parse_config(d)
+    d = _data(tmp_path)
+    d["output"] = {"path": "/" + "/".join(["b" * 200] * 20)}
+    with pytest.raises(ConfigError, match=r"output.path is 4020 bytes long"):
+        parse_config(d)
+    # 255-byte components (multi-byte characters counted in bytes) and URIs are fine
+    d = _data(tmp_path, ledger={"path": "s3://bucket/" + "é" * 127 + "/ledger"})
+    d["output"] = {"path": str(tmp_path / ("c" * 255))}
+    cfg = parse_config(d)
+    assert cfg.output.path.endswith("c" * 255)
+    d = _data(tmp_path, ledger={"path": "s3://bucket/" + "é" * 128})
+    with pytest.raises(ConfigError, match="ledger.path has a path component of 256 bytes"):
+        parse_config(d)
