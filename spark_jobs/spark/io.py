@@ -241,7 +241,8 @@ def check_category_types(schema, cfg) -> None:
 def normalize_ids(records, unit_column: str, null_values=()):
     """``records`` with the privacy-unit column replaced by its normalised string
     (:func:`dplib.mean.api.normalize_id`: NFC, case folded, whitespace stripped), computed on the
-    executors (an Arrow-batched Python UDF). Missing ids are decided first, on the raw id (null, or
+    executors (a plain Python UDF: the Arrow-optimised one hung inside the job's plan, its Python
+    worker timing out, after the ledger reservation; tests/spark/test_input_rules.py runs the job). Missing ids are decided first, on the raw id (null, or
     equal after trimming spaces to one of ``null_values``) and become null: normalising must not
     turn ``NA`` into a person ``na``."""
     from pyspark.sql import functions as F  # lazy: the CLI and Airflow import this module for absolute()
@@ -254,7 +255,7 @@ def normalize_ids(records, unit_column: str, null_values=()):
     def _one(x):
         return None if x is None or x.strip(" ") in missing else normalize_id(x)
 
-    _norm = F.udf(_one, "string", useArrow=True)
+    _norm = F.udf(_one, "string", useArrow=False)
 
     return records.withColumn(unit_column, _norm(qcol(unit_column).cast("string")))
 

@@ -75,3 +75,30 @@ def test_optional_id_normalisation_makes_variants_one_person(spark):
     assert np.allclose([got[i] for i in ids_np], means_np)
     # alice's four spellings pooled: mean of 0..3
     assert got["alice"] == pytest.approx(1.5)
+
+
+def test_normalize_runs_end_to_end_through_the_job(spark, tmp_path):
+    """An adversarial re-run: `privacy_unit.normalize: true` hung every CLI run after the ledger
+    reservation (an Arrow-optimised Python UDF for the ids; the worker timed out inside the job's
+    plan, though the function alone passed its test). Now a plain Python UDF, run here through the
+    job with the production noise source: spellings of three persons count as three."""
+    import pandas as pd
+
+    from spark_jobs.config import parse_config
+    from spark_jobs.job import run_job
+
+    ids = ["alice", " Alice", "ALICE\t", "bob", "Bob ", "e\u0301mile", "\u00e9mile", "NA"]
+    rows = [(i, float(k)) for k, i in enumerate(ids) for _ in range(3)]
+    pd.DataFrame(rows, columns=["pid", "x"]).to_parquet(tmp_path / "ids.parquet")
+    cfg = parse_config({
+        "job_name": "normalize", "input": {"path": str(tmp_path / "ids.parquet"), "format": "parquet"},
+        "privacy_unit": {"column": "pid", "normalize": True}, "budget": {"epsilon": 60.0, "delta": 1e-6},
+        "statistics": [{"name": "persons", "kind": "count", "columns": ["x"], "share": 1.0}],
+        "output": {"path": str(tmp_path / "out")},
+        "ledger": {"population": "normalize-test", "initial_limit": {"epsilon": 100.0, "delta": 1e-3}},
+    })
+    result = run_job(cfg, spark=spark)
+    (row,) = [r for r in result.rows if r.statistic == "persons"]
+    assert row.status == "OK"
+    # Laplace scale 1/60 on 3 persons: |noise| > 0.5 with probability exp(-30)
+    assert abs(row.estimate[0] - 3.0) < 0.5, row.estimate
