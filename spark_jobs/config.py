@@ -259,7 +259,14 @@ class JobConfig(Frozen):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"statistic names must be unique; repeated: {dup}")
+        lo = RUN_EPSILON_RANGE[0]
         for s in self.statistics:
+            if s.share * self.budget.epsilon < lo:
+                raise ValueError(
+                    f"statistic {s.name!r}: share {s.share:g} of epsilon {self.budget.epsilon:g} is "
+                    f"{s.share * self.budget.epsilon:.3g}, below the smallest epsilon a statistic may run at "
+                    f"({lo:g}: smaller ones give noise scales that overflow)"
+                )
             kind = kind_of(s)
             if s.group_by is not None and not kind.groupable(s):
                 raise ValueError(

@@ -163,3 +163,13 @@ def test_an_unwritable_table_path_is_refused_by_the_config_check(tmp_path):
     d = _data(tmp_path, ledger={"path": "s3://bucket/" + "é" * 128})
     with pytest.raises(ConfigError, match="ledger.path has a path component of 256 bytes"):
         parse_config(d)
+
+
+def test_a_statistic_below_the_smallest_epsilon_is_refused(tmp_path):
+    """An adversarial re-run: `share: 1e-300` ran a statistic at epsilon ~1e-300 (the run's floor
+    did not bound one statistic's)."""
+    with pytest.raises(ConfigError, match=r"statistic 'x_mean': share 1e-300 of epsilon 1 is 1e-300, below"):
+        parse_config(_data(tmp_path, stat={"share": 1e-300}))
+    lo = RUN_EPSILON_RANGE[0]
+    cfg = parse_config(_data(tmp_path, budget={"epsilon": 2 * lo}, stat={"share": 0.5}))
+    assert cfg.statistics[0].share * cfg.budget.epsilon == pytest.approx(lo)
