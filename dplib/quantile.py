@@ -433,7 +433,11 @@ def person_quantile(
     if n_noisy * min(plan.q, 1.0 - plan.q) < INSUFF_FACTOR * max(bounds.values()):
         params["rank_error_90_persons"] = round(max(bounds.values()), 2)
         eps, delta = composed_cost(accountant.charges[start:])
-        return QuantileRelease(STATUS_INSUFFICIENT, None, eps, delta, covers, params)
+        why = (f"none: too few persons for this quantile at this epsilon (the DP count says about "
+               f"{n_noisy * min(plan.q, 1.0 - plan.q):.0f} persons on the short side of q; its rank error bound "
+               f"would be {max(bounds.values()):.0f}, and a release needs {INSUFF_FACTOR:g} times that); only "
+               "the count stage was charged")
+        return QuantileRelease(STATUS_INSUFFICIENT, None, eps, delta, why, params)
 
     params["extra_octaves"] = extra
     bins = []

@@ -167,6 +167,8 @@ def test_too_few_persons_charges_only_the_count():
     rel = person_quantile(agg(np.arange(40.0)), "v", QuantilePlan(Budget(1.0), q=0.9), SeededNoise(6), acc)
     assert rel.status == STATUS_INSUFFICIENT and rel.estimate is None
     assert rel.epsilon == pytest.approx(COUNT_SHARE) and len(acc.charges) == 1
+    # it says why it stopped (a new user saw the bar's description instead)
+    assert rel.error_covers.startswith("none: too few persons for this quantile") and "rank error bound" in rel.error_covers
 
 
 class _Weakened(ExponentialMechanism):
