@@ -48,6 +48,10 @@ def _paths(args) -> None:
     """Fill ``--table`` / ``--ledger`` from ``--config`` (its output path and ledger) when they
     were not given, else the defaults."""
     cfg = None
+    if getattr(args, "set", None) and not getattr(args, "config", None):
+        from dplib.errors import ConfigError  # lazy: as below
+
+        raise ConfigError("--set overrides keys of a job config: give --config too")
     if getattr(args, "config", None):
         from spark_jobs.config import load_config  # lazy: per command; main() reports a missing extra
         from spark_jobs.spark.io import absolute  # lazy: per command; main() reports a missing extra
@@ -273,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--table", default=None, help="the releases Delta table (default: from --config, else "
                        f"{DEFAULT_TABLE})")
         q.add_argument("--config", default=None, help="a job YAML: read the table it writes")
+        q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, as for run (with --config)")
         q.add_argument("--format", choices=["table", "json", "csv"], default="table")
         if name == "show":
             q.add_argument("run_id")
@@ -284,12 +289,14 @@ def build_parser() -> argparse.ArgumentParser:
     b_show = bud_sub.add_parser("show")
     b_show.add_argument("--ledger", default=None, help=f"default: from --config, else {DEFAULT_LEDGER}")
     b_show.add_argument("--config", default=None, help="a job YAML: read the ledger it spends from")
+    b_show.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, as for run (with --config)")
     b_show.add_argument("--format", choices=["table", "json", "csv"], default="table")
     b_show.add_argument("--entries", action="store_true", help="also list every reservation")
     b_show.set_defaults(func=cmd_budget)
     b_set = bud_sub.add_parser("set")
     b_set.add_argument("--ledger", default=None, help=f"default: from --config, else {DEFAULT_LEDGER}")
     b_set.add_argument("--config", default=None, help="a job YAML: set the limit in the ledger it spends from")
+    b_set.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, as for run (with --config)")
     b_set.add_argument("--population", required=True)
     b_set.add_argument("--epsilon", type=float, required=True)
     b_set.add_argument("--delta", type=float, default=None, help="default: keep the current delta limit (0 if new)")
@@ -310,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write an HTML report with one chart per released statistic")
     rep.add_argument("--table", default=None, help=f"default: from --config, else {DEFAULT_TABLE}")
     rep.add_argument("--config", default=None, help="a job YAML: report on the table it writes")
+    rep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, as for run (with --config)")
     rep.add_argument("--out", default="build/report")
     rep.add_argument("--run-id", default=None, help="default: the newest run")
     rep.set_defaults(func=cmd_report)

@@ -137,6 +137,15 @@ def test_cli_takes_table_and_ledger_paths_from_config(tmp_path):
     _paths(args)
     assert args.ledger == DEFAULT_LEDGER
     assert _why_no_bar("no error bar: the exponential mechanism") == "the exponential mechanism"
+    # --set as for run: a job run with --set ledger.path=... is read back the same way
+    args = build_parser().parse_args(["budget", "show", "--config", str(p), "--set", f"ledger.path={tmp_path}/L"])
+    _paths(args)
+    assert args.ledger == f"{tmp_path}/L"
+    args = build_parser().parse_args(["releases", "list", "--config", str(p), "--set", f"output.path={tmp_path}/o2"])
+    _paths(args)
+    assert args.table == f"{tmp_path}/o2/releases"
+    with pytest.raises(ConfigError, match="give --config too"):
+        _paths(build_parser().parse_args(["budget", "show", "--set", "ledger.path=/x"]))
 
 
 def test_an_unwritable_table_path_is_refused_by_the_config_check(tmp_path):
