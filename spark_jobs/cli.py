@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import sys
+from urllib.parse import urlparse
 
 from dplib.errors import DPError
 
@@ -124,7 +125,19 @@ def cmd_run(args) -> int:
 
     cfg = load_config(args.config, args.set)
     if args.dry_run:
+        from spark_jobs.preflight import check_input_schema  # lazy: as above
+
         print(plan_job(cfg).render())
+        # the input's schema as the run will check it (metadata only: column names and types,
+        # every file's footer, the category lists against the column types; no row is read)
+        from spark_jobs.preflight import _local  # lazy: as above
+        from spark_jobs.spark.io import absolute  # lazy: as above
+
+        path = absolute(cfg.input.path)
+        if _local(path) and not os.path.exists(urlparse(path).path or path):
+            print(f"input {cfg.input.path} not found: its schema is not checked (the run checks it)")
+        else:
+            print(check_input_schema(cfg, need_row=False))
         return 0
     result = run_job(cfg, run_id=args.run_id)
     if result.reused:
@@ -264,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--config", required=True, help="path of the job YAML")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set budget.epsilon=0.5 (repeatable)")
-    r.add_argument("--dry-run", action="store_true", help="print the privacy plan; read no data")
+    r.add_argument("--dry-run", action="store_true", help="print the privacy plan and check the input's schema (metadata only; no row is read)")
     r.add_argument("--run-id", default=None, metavar="RUN_KEY",
                    help="the scheduler's run id or a partition key: re-running the same key returns the "
                         "stored release and spends nothing (default: every run is a new release)")

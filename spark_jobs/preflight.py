@@ -34,10 +34,11 @@ def _local(path: str) -> bool:
     return urlparse(path).scheme in ("", "file")
 
 
-def check_input_schema(cfg: JobConfig) -> str:
+def check_input_schema(cfg: JobConfig, need_row: bool = True) -> str:
     """Check the input's columns and types as the job will (without Spark), and that it holds a row.
 
-    Returns a one-line summary. Remote URIs (``s3a://``, ``hdfs://`` ...) are not read here: the
+    ``need_row=False`` (``run --dry-run``) reads metadata only: no row is read, so an empty input
+    is not detected. Returns a one-line summary. Remote URIs (``s3a://``, ``hdfs://`` ...) are not read here: the
     job checks them itself before any budget is spent.
 
     Raises
@@ -85,7 +86,7 @@ def check_input_schema(cfg: JobConfig) -> str:
     sio.check_category_types(spark_schema, cfg)
     if fmt == "parquet":
         sio.check_parquet_files(dataset.files, cfg.privacy_unit.column, cfg.value_columns(), cfg.categorical_columns())
-    if dataset.head(1).num_rows == 0:
+    if need_row and dataset.head(1).num_rows == 0:
         raise InputDataError(f"input.path {cfg.input.path!r} holds no rows")
     cols = [cfg.privacy_unit.column] + cfg.value_columns() + cfg.categorical_columns()
     return f"input {cfg.input.path} ({fmt}): columns {cols} present with usable types"

@@ -69,3 +69,33 @@ def test_numpy_twin_matches_floats_by_number():
     vals = [1.0, 2.5, np.float64(1.0), -0.0, float("nan"), None, "x", "1", 3.0, 1]
     assert category_index(vals, cats).tolist() == [0, 1, 0, 3, 3, 3, 2, 0, 3, 0]
     assert category_index([-0.0, 0.0], ["0"]).tolist() == [0, 0]
+
+
+def test_dry_run_checks_the_schema_from_metadata(files, tmp_path, capsys):
+    """`run --dry-run` printed a plan for categories that cannot match the column's type (only
+    `validate` and the run refused them); now it checks the input's schema too, from metadata."""
+    import yaml
+
+    from spark_jobs.cli import main
+
+    f, _ = files
+    cfg = {
+        "job_name": "cats", "input": {"path": str(f), "format": "parquet"},
+        "privacy_unit": {"column": "pid"}, "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "statistics": [{"name": "codes", "kind": "distribution", "columns": ["code"], "share": 1.0,
+                        "options": {"categories": ["a", "b"]}}],
+        "output": {"path": str(tmp_path / "out")}, "ledger": {"enabled": False},
+    }
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    assert main(["run", "--config", str(p), "--dry-run"]) == 2
+    assert "categories ['a', 'b'] cannot match a numeric column" in capsys.readouterr().err
+    cfg["statistics"][0]["options"]["categories"] = ["1", "3"]
+    p.write_text(yaml.safe_dump(cfg))
+    assert main(["run", "--config", str(p), "--dry-run"]) == 0
+    assert "present with usable types" in capsys.readouterr().out
+    cfg["input"]["path"] = str(tmp_path / "later.parquet")  # planning before the data exists
+    p.write_text(yaml.safe_dump(cfg))
+    assert main(["run", "--config", str(p), "--dry-run"]) == 0
+    assert "not found: its schema is not checked" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
