@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import sys
-from urllib.parse import urlparse
 
 from dplib.errors import DPError
 
@@ -128,16 +127,8 @@ def cmd_run(args) -> int:
         from spark_jobs.preflight import check_input_schema  # lazy: as above
 
         print(plan_job(cfg).render())
-        # the input's schema as the run will check it (metadata only: column names and types,
-        # every file's footer, the category lists against the column types; no row is read)
-        from spark_jobs.preflight import _local  # lazy: as above
-        from spark_jobs.spark.io import absolute  # lazy: as above
-
-        path = absolute(cfg.input.path)
-        if _local(path) and not os.path.exists(urlparse(path).path or path):
-            print(f"input {cfg.input.path} not found: its schema is not checked (the run checks it)")
-        else:
-            print(check_input_schema(cfg, need_row=False))
+        # the input's schema as the run will check it, from metadata only (no row is read)
+        print(check_input_schema(cfg, need_row=False))
         return 0
     result = run_job(cfg, run_id=args.run_id)
     if result.reused:

@@ -13,6 +13,8 @@ Messages name the config field or column and never give a count, sum, salt or se
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -38,7 +40,7 @@ def check_input_schema(cfg: JobConfig, need_row: bool = True) -> str:
     """Check the input's columns and types as the job will (without Spark), and that it holds a row.
 
     ``need_row=False`` (``run --dry-run``) reads metadata only: no row is read, so an empty input
-    is not detected. Returns a one-line summary. Remote URIs (``s3a://``, ``hdfs://`` ...) are not read here: the
+    is not detected, and a local input that does not exist yet is noted, not refused. Returns a one-line summary. Remote URIs (``s3a://``, ``hdfs://`` ...) are not read here: the
     job checks them itself before any budget is spent.
 
     Raises
@@ -48,6 +50,8 @@ def check_input_schema(cfg: JobConfig, need_row: bool = True) -> str:
         an input without a single row.
     """
     path, fmt = absolute(cfg.input.path), cfg.input.format
+    if not need_row and _local(path) and not os.path.exists(urlparse(path).path or path):
+        return f"input {cfg.input.path} not found: its schema is not checked (the run checks it)"
     if not _local(path):
         return f"input.path {cfg.input.path!r} is remote: its schema is checked by the job, before any budget is spent"
     try:

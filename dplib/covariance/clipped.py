@@ -52,13 +52,6 @@ STAGE_SECOND = "second moment"
 #: Epsilon share of stage 1 (measured: at d = 4 and 4,700 persons, 0.4 leaves stage 1 releasing in
 #: every run and the second moment enough budget; see benchmarks/covariance_clipped.py).
 MEAN_SHARE = 0.4
-#: Stage 1's range shares (of its epsilon): first run and retry, the multivariate mean's own. A
-#: 0.45 retry released at 2,000-4,000 persons (d = 4, eps 0.9) but 6-10% of those releases were
-#: off by 0.5-9x the covariance (stage 1's centre, scale and norm stages too thin to find the
-#: scales; no error bar warns): not kept (benchmarks/results/covariance_clipped.md). No second
-#: retry either, for the same reason.
-MEAN_RANGE_SHARE = 0.04
-MEAN_RANGE_RETRY_SHARE = 0.20
 #: Public clamps applied to stage 1's outputs before they parameterise stage 2 (post-processing):
 #: scales in [TINY, HUGE]; the radius (scaled units) in [MIN_OUTER_RADIUS, RADIUS_MAX], so that the
 #: clip factor R / ||x|| never falls into subnormal floats (||x|| <= 1e300 sqrt(d) after the clamp)
@@ -104,8 +97,11 @@ class ClippedCovariancePlan:
 
     def mean_plan(self) -> ScaleFreeMultivariatePlan:
         eps, delta = self.budget.epsilon, self.budget.delta
+        # the multivariate mean's own range shares, without its second retry: a larger retry (0.45)
+        # released at 2,000-4,000 persons (d = 4, eps 0.9) but 6-10% of those releases were off by
+        # 0.5-9x (stage 1's scale stages too thin; no error bar warns), so those runs stop at
+        # INSUFFICIENT_DATA instead (benchmarks/results/covariance_clipped.md)
         return ScaleFreeMultivariatePlan(Budget(eps * MEAN_SHARE, delta / 2.0), self.d, self.k, group=self.group,
-                                         range_share=MEAN_RANGE_SHARE, range_retry_share=MEAN_RANGE_RETRY_SHARE,
                                          range_retry2_share=0.0)
 
     def charges(self, prefix: str = "") -> list[Charge]:
