@@ -21,14 +21,19 @@ from dplib.aggregates import MIN_EXPONENT, VALUE_BOUND, NumpyAggregates, log_bin
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.ranges import (
+    FLOOR_BETA,
+    PROFILE_STRICT_BETA,
     QUARTER_OCTAVE,
     DeviationProfile,
     TailModel,
     choose_radius,
+    confirm_isolated_bins,
     deviation_profile,
+    hidden_mass,
     magnitude_range,
     profile_quantile,
     smallest_window,
+    visible_only,
     window_center,
 )
 from dplib.mechanisms import SeededNoise
@@ -652,3 +657,41 @@ def test_tail_second_moment_hand_value():
     # steps: 1*(1-0) + 0.5*(4-1) + 0.2*(16-4); tail: int_4^8 2x 0.1 (x/4)^-3 dx = 0.2*64*(1/4-1/8)
     assert m.second_moment(8.0) == pytest.approx(1.0 + 1.5 + 2.4 + 1.6, rel=1e-12)
     assert m.second_moment(1.5) == pytest.approx(1.0 + 0.5 * (2.25 - 1.0), rel=1e-12)
+
+
+def _floored_profile(raw, floor=10.0):
+    raw = np.asarray(raw, float)
+    edges = np.array([0.0] + [2.0**k for k in range(raw.size - 1)] + [math.inf])
+    return DeviationProfile(edges, np.where(raw > floor, raw, 0.0), floor, raw)
+
+
+def test_confirm_isolated_bins_hand_cases():
+    """A visible bin far above the data's run needs the strict floor (PROFILE_STRICT_BETA); bins in
+    the run, or one below-floor bin away from it, keep the ordinary floor."""
+    n = 12
+    scale = 10.0 / math.log(n / FLOOR_BETA)
+    strict = scale * math.log(n / PROFILE_STRICT_BETA)
+    assert strict > 11.0
+    body = [0, 50, 400, 300, 12, 3, 0]
+    # an isolated bin just above the floor, four bins above the run: read as empty (raw too)
+    p = confirm_isolated_bins(_floored_profile(body + [1, 0, 0, 11.0, 2]))
+    assert p.weights[10] == 0.0 and p.raw_weights[10] == 0.0
+    assert list(p.weights[:7]) == [0, 50, 400, 300, 12, 0, 0] and p.raw_weights[11] == 2
+    # the same bin above the strict floor is kept
+    p = confirm_isolated_bins(_floored_profile(body + [1, 0, 0, strict + 0.5, 2]))
+    assert p.weights[10] == strict + 0.5
+    # one below-floor bin between it and the run: part of the run, kept at the ordinary floor
+    p = confirm_isolated_bins(_floored_profile([0, 50, 400, 300, 12, 3, 11.0, 0, 0, 0, 0, 0]))
+    assert p.weights[6] == 11.0
+    # two below-floor bins: isolated
+    p = confirm_isolated_bins(_floored_profile([0, 50, 400, 300, 12, 3, 0, 11.0, 0, 0, 0, 0]))
+    assert p.weights[7] == 0.0
+    # nothing visible: unchanged
+    q = _floored_profile([1.0] * n)
+    assert confirm_isolated_bins(q) is q
+
+
+def test_visible_only_zeroes_raw_counts_above_the_highest_visible_bin():
+    p = visible_only(_floored_profile([0, 50, 400, 300, 12, 3, -4, 9, 2]))
+    assert list(p.raw_weights) == [0, 50, 400, 300, 12, 0, 0, 0, 0]
+    assert hidden_mass(p, 1.0)[0] == 0.0
