@@ -45,6 +45,7 @@ from dplib.groups import GroupRange
 from dplib.mean.error_bars import ERROR_LEVEL, laplace_iid_sum_upper
 from dplib.mean.scale_free import RADIUS_GRID_PER_OCTAVE, RADIUS_REACH
 from dplib.mean.scale_free_stages import (
+    bar_bias,
     INSUFFICIENT_REASON,
     ScaleFreeSetup,
     ScaleFreeStagesPlan,
@@ -203,7 +204,7 @@ def person_sum(
 
     q = scale * math.log(1.0 / (1.0 - NOISE_LEVEL))  # the exact Laplace quantile
     n_up = persons_upper(setup)
-    bias = n_up * model.bias(rho)
+    bias = n_up * bar_bias(model, lambda m: m.bias(rho))  # the bar's tail (bar_tail)
     half = q + bias
     covers = ("the exact dataset statistic, at 90%: Laplace noise of the final stage (the clipped sum) "
               "and a DP bound on the clipping bias (per person, times a 0.99 upper bound on the number "

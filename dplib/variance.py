@@ -46,6 +46,7 @@ from dplib.groups import GroupRange
 from dplib.mean.error_bars import ERROR_LEVEL, laplace_sum_quantile
 from dplib.mean.scale_free import RADIUS_GRID_PER_OCTAVE, RADIUS_REACH
 from dplib.mean.scale_free_stages import (
+    bar_bias,
     INSUFFICIENT_REASON,
     ScaleFreeStagesPlan,
     StageShares,
@@ -278,7 +279,7 @@ def person_variance(
     q = r2 * laplace_sum_quantile([unit, 2.0 * abs(b_hat) * unit / w1, abs(a_hat - 2.0 * b_hat * b_hat) * unit / w0],
                                   NOISE_LEVEL)
     offset = rho * min(abs(b_hat) + laplace_sum_quantile([unit / w1, abs(b_hat) * unit / w0], OFFSET_LEVEL), 1.0)
-    bias = variance_bias_bound(model, rho, offset)
+    bias = bar_bias(model, lambda m: variance_bias_bound(m, rho, offset))  # the bar's tail (bar_tail)
     half = q + bias
     interval: list[float] | None = [max(estimate - q, 0.0), estimate + half]
     covers = ("the exact dataset statistic, at 90%: Laplace noise of the final stage (second moment, "

@@ -9,13 +9,16 @@ scaled deviations.
  #    stage                     budget              mechanism
 ====  =======================  ==================  ============================================
  1    mean                      (MEAN_SHARE eps,    the scale-free multivariate mean
-                                 delta/2)            (:func:`dplib.mean.scale_free_multivariate
-                                                     .scale_free_multivariate_mean`): DP mean mu,
+                                 delta/2; 0.5)       (:func:`dplib.mean.scale_free_multivariate
+                                                     .scale_free_multivariate_mean`, its centre,
+                                                     scale and norm stages at STAGE1_*_SHARE,
+                                                     second range retry on): DP mean mu,
                                                      coordinate scales s, l2 radius R (scaled
                                                      units), noisy person count n~
- 2    second moment             the rest,           Gaussian on sum_i vech(u_i u_i^T), u_i the
-                                 (eps2, delta/2)     deviation (Y_i - mu) / s clipped to the l2
-                                                     ball of radius R (fixed point, exact sums)
+ 2    second moment             the rest,           Gaussian on (sum_i vech(u_i u_i^T), w n),
+                                 (eps2, delta/2)     u_i the deviation (Y_i - mu) / s clipped to
+                                                     the l2 ball of radius R (fixed point, exact
+                                                     sums), w = R^2 / 4; n~ = its last entry / w
 ====  =======================  ==================  ============================================
 
 Estimate: ``Sigma~ = diag(s) P(M~ / n~) diag(s)`` with ``M~`` the noisy symmetric second moment and
@@ -49,9 +52,18 @@ ALGORITHM = "clipped-covariance/scale-free (CoinPress-style)"
 ALGORITHM_VERSION = "1"
 STAGE_MEAN = "mean: "
 STAGE_SECOND = "second moment"
-#: Epsilon share of stage 1 (measured: at d = 4 and 4,700 persons, 0.4 leaves stage 1 releasing in
-#: every run and the second moment enough budget; see benchmarks/covariance_clipped.py).
-MEAN_SHARE = 0.4
+#: Epsilon share of stage 1, and the shares of its centre, scale and norm-profile stages (of stage
+#: 1's epsilon; doubled after a range retry). Measured (benchmarks/results/covariance_clipped.md,
+#: d = 4, eps 0.9): with 0.4 and the mean's defaults (0.04, 0.05, 0.06) and no second range retry,
+#: nothing released below ~3,000 persons; with the second retry alone, 2,000 persons released in
+#: 60/60 runs but 12 were off by more than half (scales 0.02-900x the truth: 0.009 epsilon per
+#: coordinate for a median); with these, 60/60 with 3 off by more than half (max 1.07x).
+MEAN_SHARE = 0.5
+#: Weight of the person count in stage 2's Gaussian release, times R^2.
+COUNT_WEIGHT = 0.25
+STAGE1_CENTRE_SHARE = 0.05
+STAGE1_SCALES_SHARE = 0.10
+STAGE1_NORM_SHARE = 0.05
 #: Public clamps applied to stage 1's outputs before they parameterise stage 2 (post-processing):
 #: scales in [TINY, HUGE]; the radius (scaled units) in [MIN_OUTER_RADIUS, RADIUS_MAX], so that the
 #: clip factor R / ||x|| never falls into subnormal floats (||x|| <= 1e300 sqrt(d) after the clamp)
@@ -101,8 +113,12 @@ class ClippedCovariancePlan:
         # released at 2,000-4,000 persons (d = 4, eps 0.9) but 6-10% of those releases were off by
         # 0.5-9x (stage 1's scale stages too thin; no error bar warns), so those runs stop at
         # INSUFFICIENT_DATA instead (benchmarks/results/covariance_clipped.md)
+        # stage 1's scales and centre set the clipping geometry of stage 2 directly (the mean's own
+        # final stage matters only to second order): larger shares for them than the mean's
+        # defaults, and its second range retry on (releases from ~2,000 persons at d = 4, eps 0.9)
         return ScaleFreeMultivariatePlan(Budget(eps * MEAN_SHARE, delta / 2.0), self.d, self.k, group=self.group,
-                                         range_retry2_share=0.0)
+                                         centre_share=STAGE1_CENTRE_SHARE, scales_share=STAGE1_SCALES_SHARE,
+                                         norm_share=STAGE1_NORM_SHARE)
 
     def charges(self, prefix: str = "") -> list[Charge]:
         """Nominal charges in order; their composed cost is the budget."""
@@ -145,6 +161,22 @@ def _psd(m: np.ndarray) -> np.ndarray:
     return (v * np.clip(w, 0.0, None)) @ v.T
 
 
+def second_moment_vector(backend: Aggregates, columns: list[str], mu: np.ndarray, radius: float,
+                         group: GroupRange, scales: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """Stage 2's exact vector ``(sum_i vech(u_i u_i^T), w n)`` (floats), its l2 sensitivity under
+    add/remove of one person, and ``w = COUNT_WEIGHT R^2``.
+
+    The person count rides along in the same Gaussian release (its share of the sensitivity:
+    ``sqrt(1 + 1/16) - 1``, 3%); stage 1's own count comes from its thin final stage (off by ~25%
+    at 2,000 persons). Sensitivity: the hypotenuse of the outer sum's
+    (:func:`~dplib.aggregates.outer_sum_l2_sensitivity`) and ``w``, times ``1 + 2^-20`` for the
+    float product ``w n``."""
+    exact, n_exact = backend.clipped_outer_sum(columns, mu, radius, group, scales)
+    w = COUNT_WEIGHT * radius * radius
+    sens = math.hypot(outer_sum_l2_sensitivity(radius, len(columns)), w) * (1.0 + 2.0**-20)
+    return np.append(clamp_exact(np.asarray(exact, float)), w * float(n_exact)), sens, w
+
+
 def clipped_covariance(
     backend: Aggregates,
     columns: Sequence[str],
@@ -183,7 +215,9 @@ def clipped_covariance(
     Add/remove one person. Stage 1 is (eps MEAN_SHARE, delta/2)-DP (the multivariate mean's own
     guarantee). Stage 2: one person's fixed-point ``vech(u u^T)`` has l2 norm at most
     ``||u||^2 <= R^2`` (``||vech(A)||_2 <= ||A||_F`` and ``||u u^T||_F = ||u||^2``) plus rounding
-    (:func:`dplib.aggregates.outer_sum_l2_sensitivity`); mu, s and R are stage 1's DP outputs
+    (:func:`dplib.aggregates.outer_sum_l2_sensitivity`), and its count entry moves by ``w``: the
+    joint vector's l2 sensitivity is their hypotenuse (times ``1 + 2^-20`` for the float product
+    ``w n``); mu, s and R are stage 1's DP outputs
     clamped to public finite ranges (post-processing), so the analytic Gaussian mechanism at
     (eps2, delta/2) makes stage 2 DP. Basic composition: (epsilon, delta)-DP.
 
@@ -223,15 +257,14 @@ def clipped_covariance(
     scales = np.clip(np.nan_to_num(np.asarray(p1["scales_used"], float), nan=1.0, posinf=HUGE), TINY, HUGE)
     radius = float(np.clip(np.nan_to_num(float(p1["final_radius"]), nan=1.0, posinf=RADIUS_MAX),
                            MIN_OUTER_RADIUS, RADIUS_MAX))
-    n_noisy = float(p1["final_noisy_person_count"])
-    denom = max(n_noisy, 1.0) if math.isfinite(n_noisy) else 1.0
 
     accountant.charge(second.stage, second.budget, second.group)
-    exact, _n = backend.clipped_outer_sum(cols, mu, radius, plan.group, scales)
-    sens = outer_sum_l2_sensitivity(radius, d)
+    joint, sens, w = second_moment_vector(backend, cols, mu, radius, plan.group, scales)
     sigma = sens * sigma_unit * (1.0 + 2.0**-40)  # the product rounds: toward more noise
-    noisy = noise.add_gaussian(clamp_exact(np.asarray(exact, float)), sigma)
-    del exact, _n
+    released = noise.add_gaussian(joint, sigma)
+    del joint
+    noisy, n_noisy = released[:-1], float(released[-1]) / w
+    denom = max(n_noisy, 1.0) if math.isfinite(n_noisy) else 1.0
     jj, kk = upper_pairs(d)
     m = np.zeros((d, d))
     m[jj, kk] = noisy / denom
@@ -245,6 +278,7 @@ def clipped_covariance(
             "clipping_radius_scaled": radius,
             "noisy_person_count": round(n_noisy, 1),
             "second_moment_sigma_scaled": sigma / denom,
+            "count_weight": w,
             "stage1_tail_flag": bool(p1.get("tail_flag", False)),
             # the release's flag (the releases table's `flagged` column): stage 1 read the persons'
             # norms as heavy-tailed, so the clipping radius may cut much of the spread

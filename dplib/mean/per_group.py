@@ -58,6 +58,7 @@ from dplib.mean.scale_free import (
     scale_free_person_mean,
 )
 from dplib.mean.scale_free_stages import (
+    bar_bias,
     INSUFFICIENT_REASON,
     ScaleFreeSetup,
     StageShares,
@@ -324,7 +325,7 @@ def group_person_mean(
     b_fine = charge(STAGE_FINE, eps_b)
     fine = centred_clip_and_noise(backend, column, centre, rho, c, plan.group, b_fine.epsilon, noise)
     offset = min(u1 + abs(fine.deviation), rho)
-    bias_bound = float(model.bias(max(rho - offset, s.low)))
+    bias_bound = bar_bias(model, lambda m: m.bias(max(rho - offset, s.low)))  # the bar's tail (bar_tail)
     bar = noise_and_sampling_quantile(fine.scale / fine.denom, (abs(fine.deviation) / c) * (fine.scale / fine.denom),
                                       0.0) + bias_bound
     half = float(bar) if math.isfinite(bar) else None

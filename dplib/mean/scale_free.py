@@ -38,10 +38,11 @@ When the fitted tail is light (point ``nu >= LIGHT_NU``, parameter ``tail_nu_poi
 given, at least ``LIGHT_NU``) and stage 3b finds both tails measured and
 within a factor ``BALANCE_RATIO`` (1.5) of each other (``light_symmetric``), the radius is further capped
 at ``REACH_FACTOR`` (1.5) times that reach: two balanced light tails clipped there lose offsetting
-excesses, and the bias bound is scaled to the larger one's share (0.6). One-sided tails (delays,
-costs: all the far persons on one side) keep the balanced radius. The error bar covers the exact dataset statistic
-(mean over all persons of each person's mean): Laplace noise of the fine stage (sum and count)
-plus the model's bound on the clipping bias. A fitted tail heavier than ``x^-2`` (infinite
+excesses. One-sided tails (delays, costs: all the far persons on one side) keep the balanced
+radius. The error bar covers the exact dataset statistic (mean over all persons of each person's
+mean): Laplace noise of the fine stage (sum and count) plus a bound on the clipping bias from the
+tail model, beyond what the profile measures no lighter than ``x^-1.5`` where the fit is heavy
+(:func:`~dplib.mean.scale_free_stages.bar_tail`; the radius takes ``x^-2``). A fitted tail heavier than ``x^-2`` (infinite
 variance) or persons beyond the profile's top edge set ``tail_flag``: the bar then rests on an
 assumption the data may break, and the release says so.
 """
@@ -86,6 +87,7 @@ from dplib.mean.scale_free_stages import (  # the early stages; re-exported (see
     ScaleFreeSetup,
     StageShares,
     balance_edge,
+    bar_bias,
     measured_reach,
     scale_free_stages,
     stage_charger,
@@ -314,9 +316,10 @@ def scale_free_person_mean(
     rho = min(rho, reach)
     if light_symmetric:  # light, two-sided tails: clip where the profile stops measuring, x 1.5
         rho = min(rho, REACH_FACTOR * setup.reach)
-    bias_bound = model.bias(rho)
-    if light_symmetric:  # the clipped excesses of two balanced tails offset: the larger one bounds the bias
-        bias_bound *= BALANCE_RATIO / (1.0 + BALANCE_RATIO)
+    # the bound of the bar (bar_tail); not halved for two balanced tails
+    # (the clipped excesses of a long and a short tail with equal counts do not offset: flight
+    # delays' bars covered 61% of runs with the halving and the one-sd tail)
+    bias_bound = bar_bias(model, lambda m: m.bias(rho))
     b_fine = charge(STAGE_FINE, eps_fine)
     c = count_weight(rho, min(centre_error, rho))
     fine = centred_clip_and_noise(backend, column, center, rho, c, group, b_fine.epsilon, noise)
@@ -334,11 +337,6 @@ def scale_free_person_mean(
             "nothing: the deviation profile gives no finite bound on the clipping bias (no persons "
             "measured in it, or a tail heavier than x^-1); the estimate is private but has no honest "
             "error bar"
-        )
-    elif light_symmetric:
-        covers += (
-            " (two light tails of balanced size, checked privately: the bias bound takes the larger "
-            "tail's share of their clipped excess, assuming the excesses scale with the counts)"
         )
     if half is not None and tail_flag:
         covers += (

@@ -77,7 +77,7 @@ from dplib.mean.scale_free import (
     stage_charger,
     tail_from_profile,
 )
-from dplib.mean.scale_free_stages import tail_flag_reason
+from dplib.mean.scale_free_stages import bar_bias, tail_flag_reason
 from dplib.mean.scale_free import PROFILE_SUB_EDGES as HALF_OCTAVE
 from dplib.mechanisms import NoiseSource, gaussian_sigma
 from dplib.seam import Aggregates
@@ -143,11 +143,15 @@ class ScaleFreeMultivariatePlan:
     range_share: float = RANGE_SHARE
     range_retry_share: float = RANGE_RETRY_SHARE
     range_retry2_share: float = RANGE_RETRY2_SHARE
+    #: shares of the centre, scale and norm-profile stages (doubled after a retry)
+    centre_share: float = CENTRE_SHARE
+    scales_share: float = SCALES_SHARE
+    norm_share: float = NORM_SHARE
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, Budget):
             raise InvalidParameterError("budget must be a dplib.budget.Budget")
-        for name in ("range_share", "range_retry_share"):
+        for name in ("range_share", "range_retry_share", "centre_share", "scales_share", "norm_share"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0:
                 raise InvalidParameterError(f"{name} must be in (0, 1), got {v!r}")
@@ -155,7 +159,8 @@ class ScaleFreeMultivariatePlan:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
             raise InvalidParameterError(f"range_retry2_share must be in [0, 1), got {v!r}")
         if self._final_share_min() <= 0.0:
-            raise InvalidParameterError("range_share + range_retry_share + range_retry2_share leave no share for the final stage")
+            raise InvalidParameterError("the range, centre, scale and norm shares (the last three doubled after a retry) "
+                                        "leave no share for the final stage")
         if self.budget.delta <= 0.0:
             raise InvalidParameterError(
                 "the multivariate mean is an approximate-DP estimator: delta must be > 0"
@@ -170,7 +175,7 @@ class ScaleFreeMultivariatePlan:
 
     def _final_share_min(self) -> float:
         return (1.0 - self.range_share - self.range_retry_share - self.range_retry2_share
-                - SMALL_DATA_BOOST * (CENTRE_SHARE + SCALES_SHARE + NORM_SHARE))
+                - SMALL_DATA_BOOST * (self.centre_share + self.scales_share + self.norm_share))
 
     def charges(self, prefix: str = "") -> list[Charge]:
         """Nominal charges in order (the privacy cost before any data is read).
@@ -188,9 +193,9 @@ class ScaleFreeMultivariatePlan:
         if self.range_retry2_share > 0:
             parts.append((STAGE_RANGES_RETRY2, self.range_retry2_share, delta / 8.0))
         parts += [
-            (STAGE_CENTRE, CENTRE_SHARE * b, 0.0),
-            (STAGE_SCALES, SCALES_SHARE * b, 0.0),
-            (STAGE_NORMS, NORM_SHARE * b, 0.0),
+            (STAGE_CENTRE, self.centre_share * b, 0.0),
+            (STAGE_SCALES, self.scales_share * b, 0.0),
+            (STAGE_NORMS, self.norm_share * b, 0.0),
             (STAGE_FINAL, self._final_share_min(), delta / 2.0),
         ]
         return [Charge(f"{prefix}{name}", Budget(eps * share, dl), self.group) for name, share, dl in parts]
@@ -351,7 +356,7 @@ def scale_free_multivariate_mean(
     boost = SMALL_DATA_BOOST if retried else 1.0
 
     # 2. per-coordinate centre
-    b = charge(STAGE_CENTRE, eps_total * CENTRE_SHARE * boost)
+    b = charge(STAGE_CENTRE, eps_total * plan.centre_share * boost)
     bins = [window_bins(lo, hi, CENTRE_BINS) for lo, hi in zip(lowers, uppers)]
     exact = backend.histograms(columns, [w for w, _, _ in bins], [off for _, off, _ in bins], group)
     centre = np.empty(d)
@@ -361,7 +366,7 @@ def scale_free_multivariate_mean(
     params["coarse_center"] = [float(x) for x in centre]
 
     # 3. per-coordinate scales: DP median of |Y_j - c_j|
-    b = charge(STAGE_SCALES, eps_total * SCALES_SHARE * boost)
+    b = charge(STAGE_SCALES, eps_total * plan.scales_share * boost)
     exact = backend.log_histograms(columns, list(centre), group, HALF_OCTAVE)
     scales = np.empty(d)
     for j in range(d):
@@ -373,7 +378,7 @@ def scale_free_multivariate_mean(
     params["scales_used"] = [float(s) for s in scales]
 
     # 4. norm profile of the scaled deviations -> tail model of ||x||
-    b = charge(STAGE_NORMS, eps_total * NORM_SHARE * boost)
+    b = charge(STAGE_NORMS, eps_total * plan.norm_share * boost)
     low, high = 2.0**-NORM_OCTAVES_BELOW, 2.0**NORM_OCTAVES_ABOVE * math.sqrt(d)
     counts = backend.norm_log_histogram(columns, centre, scales, group, HALF_OCTAVE)
     profile = confirm_isolated_bins(deviation_profile_from_counts(counts, b.epsilon, noise, low, high, HALF_OCTAVE))
@@ -401,7 +406,7 @@ def scale_free_multivariate_mean(
     reach = RADIUS_REACH * measured_reach(radius_profile, radius_model)
     capped = radius > reach
     radius = min(radius, reach)
-    bias_bound = model.bias(radius)
+    bias_bound = bar_bias(model, lambda m: m.bias(radius))  # the bar's tail (bar_tail)
     b_final = charge(STAGE_FINAL, eps_final)
     fin = clip_and_noise(backend, columns, centre, radius, scales, group, b_final, noise)
     deviation = (fin.center - centre) / scales  # scaled units, DP

@@ -94,6 +94,9 @@ class StudentTail:
     nu: float
     nu_lower: float
     fitted: bool
+    #: ``nu`` of the tail an error bar's bias bound takes beyond ``x*`` (nan: ``nu_lower``);
+    #: set by :func:`dplib.mean.scale_free_stages.tail_from_profile`.
+    nu_bar: float = math.nan
 
     def bias(self, radius: float) -> float:
         """Model bound on ``E[(|Y - c| - radius)+]``, data units (the largest clipping bias)."""

@@ -4,6 +4,8 @@ estimator's charges, failure path and accuracy against the exact covariance of p
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from dplib.covariance.clipped import (
     STATUS_INSUFFICIENT,
     ClippedCovariancePlan,
     clipped_covariance,
+    second_moment_vector,
 )
 from dplib.errors import BudgetExceededError, InvalidParameterError
 from dplib.groups import ALL_PERSONS
@@ -61,6 +64,15 @@ def test_outer_sum_sensitivity_on_extreme_neighbours(extra):
     assert np.linalg.norm(sb - sa) <= outer_sum_l2_sensitivity(radius, 4)
     if extra[0] == 1e300:  # the extreme person sits on the ball's surface: near the bound
         assert np.linalg.norm(sb - sa) >= 0.5 * radius**2
+    # the released vector of stage 2 (outer sum and the weighted count) on the same neighbours
+    va, sens, w = second_moment_vector(a, cols, center, radius, ALL_PERSONS, scales)
+    vb, sens_b, _ = second_moment_vector(b, cols, center, radius, ALL_PERSONS, scales)
+    assert sens == sens_b and w == pytest.approx(radius**2 / 4.0)
+    counted = not np.isnan(extra).any()  # a person missing a column is left out, count too
+    assert vb[-1] - va[-1] == pytest.approx(w if counted else 0.0) and va[-1] == pytest.approx(500 * w)
+    assert np.linalg.norm(vb - va) <= sens
+    if extra[0] == 1e300:
+        assert np.linalg.norm(vb - va) >= 0.5 * math.hypot(radius**2, w)
 
 
 def test_charges_and_cost_equal_the_budget():

@@ -97,3 +97,26 @@ def test_bias_adds_the_measured_steps_and_the_t_tail():
     far = 0.1 * t_abs_excess(3.0, 4.0) / float(t_abs_survival(2.0, 4.0))
     assert model.bias(3.0) == pytest.approx(far, rel=1e-12)
     assert math.isinf(StudentTail(xs, ss, 1.0, 1.0, 1.0, True).bias(3.0))
+
+
+def test_bar_tail_takes_the_bar_floor_and_bar_bias_falls_back_where_infinite():
+    """Error bars read the tail beyond x* at ``nu_bar`` (floor 1.5: flight delays' tail power is
+    ~1.6), the radius at ``nu_lower``; a bound that is infinite at ``nu_bar`` (a variance's needs
+    nu > 2) falls back to ``nu_lower`` instead of leaving no bar."""
+    from dplib.mean.scale_free_stages import bar_bias, bar_tail
+
+    xs, ss = np.array([0.0, 1.0, 2.0]), np.array([1.0, 0.3, 0.1])
+    m = StudentTail(xs, ss, 1.0, 3.0, 2.0, True, nu_bar=1.5)
+    assert bar_tail(m).nu_lower == 1.5 and bar_tail(m).scale == m.scale
+    # beyond x* = 2 the excess of |t_nu| scaled: heavier tail, larger bound (closed form ratio)
+    radius = 4.0
+    expect = lambda nu: 0.1 * t_abs_excess(radius, nu) / float(t_abs_survival(2.0, nu))  # noqa: E731
+    assert m.bias(radius) == pytest.approx(expect(2.0), rel=1e-9)
+    assert bar_bias(m, lambda t: t.bias(radius)) == pytest.approx(expect(1.5), rel=1e-9)
+    assert expect(1.5) > 1.5 * expect(2.0)
+    # the second-moment excess is infinite at nu 1.5: the bar keeps nu_lower's (finite) value
+    assert math.isinf(bar_tail(m).second_moment_excess(radius))
+    assert bar_bias(m, lambda t: t.second_moment_excess(radius)) == m.second_moment_excess(radius)
+    # nan nu_bar (a model not from tail_from_profile): unchanged
+    plain = StudentTail(xs, ss, 1.0, 3.0, 2.0, True)
+    assert bar_tail(plain) is plain
