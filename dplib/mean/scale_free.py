@@ -110,7 +110,7 @@ from dplib.seam import Aggregates
 __all__ = [
     "ALGORITHM", "ALGORITHM_VERSION", "BALANCE_RATIO", "BALANCE_SHARE", "CENTRE_BINS", "CENTRE_SHARE", "DEFAULT_SHARES",
     "FLAG_NU", "LIGHT_NU", "PROFILE_OCTAVES_ABOVE", "PROFILE_OCTAVES_BELOW", "PROFILE_SHARE", "PROFILE_SUB_EDGES",
-    "RADIUS_REACH", "RANGE_RETRY_SHARE", "RANGE_SHARE", "REACH_FACTOR", "SMALL_DATA_BOOST", "STAGES", "STAGE_BALANCE",
+    "OVERFLOW_REFUSE", "RADIUS_REACH", "RANGE_RETRY_SHARE", "RANGE_SHARE", "REACH_FACTOR", "SMALL_DATA_BOOST", "STAGES", "STAGE_BALANCE",
     "STAGE_CENTRE", "STAGE_FINE", "STAGE_PROFILE", "STAGE_RANGE", "STAGE_RANGE_RETRY", "ScaleFreeMeanPlan",
     "ScaleFreeSetup", "StageShares", "balance_edge", "balanced_radius", "measured_reach", "scale_free_person_mean",
     "scale_free_stages", "stage_charger", "tail_balance", "tail_counts", "tail_from_profile",
@@ -129,6 +129,11 @@ STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_CENTRE, STAGE_PROFILE, STAGE_BAL
 #: The bias bound at the capped radius still comes from the fitted tail (the bar stays honest
 #: under it).
 RADIUS_REACH = 8.0
+#: Above this DP share of persons beyond the deviation profile's top edge the mean releases
+#: INSUFFICIENT_DATA before its fine stage: with delta = 0 and person means beyond
+#: ``exponent_range`` (1e29 against 2^60) it released OK, flagged, 1e10 times too small, with a
+#: bar 1e-10 of its error.
+OVERFLOW_REFUSE = 0.5
 #: Radius candidates per octave in the minimisation of bias + noise.
 RADIUS_GRID_PER_OCTAVE = 16
 
@@ -303,6 +308,15 @@ def scale_free_person_mean(
     setup = scale_free_stages(backend, column, plan, DEFAULT_SHARES, charge, noise, params, given_range)
     if setup is None:
         return _insufficient(INSUFFICIENT_REASON, accountant, start, params)
+    if setup.overflow > OVERFLOW_REFUSE:  # a DP share: post-processing, before the fine stage is charged
+        params.update({"profile_overflow_share": round(setup.overflow, 4), "tail_flag": True})
+        return _insufficient(
+            f"{setup.overflow:.0%} of the persons lie beyond the top of the deviation histogram: the "
+            "range stage could not see their magnitudes (with delta = 0 it sees only magnitudes inside "
+            "options.exponent_range, default 2^-40 to 2^60: widen it, or use delta > 0); the fine "
+            "stage was not run or charged",
+            accountant, start, params,
+        )
     center, bin_width, centre_error, high = setup.center, setup.bin_width, setup.centre_error, setup.high
     model, light_symmetric, balanced = setup.model, setup.light_symmetric, setup.balanced
     fitted_nu, nu_used, tail_flag, overflow = setup.fitted_nu, setup.nu_used, setup.tail_flag, setup.overflow

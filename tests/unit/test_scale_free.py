@@ -520,3 +520,24 @@ def test_tail_flag_reason_names_the_trigger_that_fired():
     assert "options.exponent_range" in over
     assert "norm histogram" in tail_flag_reason(9.0, 2 * OVERFLOW_WARN, "norm histogram")
     assert tail_flag_reason(9.0, OVERFLOW_WARN / 2) == "noisy mass above the deviation histogram's highest visible bin"
+
+
+@pytest.mark.parametrize("scale,status", [(1e29, "INSUFFICIENT_DATA"), (1e17, "OK")])
+def test_pure_dp_means_beyond_the_exponent_range_stop_before_the_fine_stage(scale, status):
+    """An adversarial re-run (issue 20): with delta = 0 and person means near 3e29 (beyond the pure
+    range's 2^60) the mean released OK, flagged, 1e10 times too small with a bar 1e-10 of its
+    error. Now most persons beyond the deviation histogram's top (a DP share) stop it before the
+    fine stage, which is neither run nor charged; inside the range nothing changes."""
+    rng = np.random.default_rng(1)
+    y = scale * (3.0 + rng.standard_normal(3000))
+    acc = Accountant(Budget(1.0, 0.0))
+    rel = scale_free_person_mean(NumpyAggregates({"v": y}, rng.integers(0, 2**32, y.size)), "v",
+                                 ScaleFreeMeanPlan(Budget(1.0, 0.0)), SeededNoise(2), acc)
+    assert rel.status == status
+    stages = [c.stage for c in acc.charges]
+    if status == "OK":
+        assert STAGE_FINE in stages and abs(rel.estimate / float(np.mean(y)) - 1.0) < 0.01
+    else:
+        assert STAGE_FINE not in stages and rel.estimate is None and rel.error_bar is None
+        assert "options.exponent_range" in rel.error_covers and rel.parameters["profile_overflow_share"] > 0.5
+        assert rel.epsilon == pytest.approx(sum(c.budget.epsilon for c in acc.charges)) and rel.epsilon < 0.5
