@@ -197,7 +197,8 @@ def test_multivariate_mean_second_range_retry_through_the_job(spark, tmp_path):
     the sd-10 one (its fullest magnitude bucket ~245 persons against a threshold ~340, five
     Laplace scales), the second retry finds it (threshold ~70); so with production noise the
     second retry runs in all but ~1% of runs. Then a release within five of its own 90% bars of
-    the exact mean of person means, the whole epsilon charged."""
+    the exact mean of person means (worst of 300 numpy runs with the secure source: 1.29 bars),
+    the whole epsilon charged."""
     rng = np.random.default_rng(12)
     units = np.array([1.0, 10.0, 0.1, 3.0])
     mu = 5.0 + rng.standard_normal((1_000, 4)) * units
@@ -219,8 +220,9 @@ def test_multivariate_mean_second_range_retry_through_the_job(spark, tmp_path):
     params = json.loads(row.parameters)
     assert row.noise_source == SecureNoise.name and row.status == "OK"
     assert result.epsilon_spent == pytest.approx(1.0)
-    if params.get("range_retried_twice_coordinates") is not None:  # ~99% of runs
-        assert params["range_retried_twice_coordinates"] == [1] and params["range_retried"] is True
+    # with the secure source (numpy twin, 300 runs): [1] in 298, [1, 3] in 1, no second retry in 1
+    if params.get("range_retried_twice_coordinates") is not None:
+        assert 1 in params["range_retried_twice_coordinates"] and params["range_retried"] is True
     est, bar = np.array(row.estimate, dtype=float), np.array(row.error_bar, dtype=float)
     exact = mu.mean(axis=0)
     assert est.shape == (4,) and np.all(np.isfinite(bar))
