@@ -49,7 +49,7 @@ from dplib.mechanisms.basic import clamp_exact
 from dplib.seam import Aggregates
 
 ALGORITHM = "clipped-covariance/scale-free (CoinPress-style)"
-ALGORITHM_VERSION = "1"
+ALGORITHM_VERSION = "2"
 STAGE_MEAN = "mean: "
 STAGE_SECOND = "second moment"
 #: Epsilon share of stage 1, and the shares of its centre, scale and norm-profile stages (of stage
@@ -57,7 +57,8 @@ STAGE_SECOND = "second moment"
 #: d = 4, eps 0.9): with 0.4 and the mean's defaults (0.04, 0.05, 0.06) and no second range retry,
 #: nothing released below ~3,000 persons; with the second retry alone, 2,000 persons released in
 #: 60/60 runs but 12 were off by more than half (scales 0.02-900x the truth: 0.009 epsilon per
-#: coordinate for a median); with these, 60/60 with 3 off by more than half (max 1.07x).
+#: coordinate for a median); with these and the count inside stage 2 (COUNT_WEIGHT), 60/60 with
+#: 2 off by more than half (max 0.70).
 MEAN_SHARE = 0.5
 #: Weight of the person count in stage 2's Gaussian release, times R^2.
 COUNT_WEIGHT = 0.25
@@ -109,10 +110,6 @@ class ClippedCovariancePlan:
 
     def mean_plan(self) -> ScaleFreeMultivariatePlan:
         eps, delta = self.budget.epsilon, self.budget.delta
-        # the multivariate mean's own range shares, without its second retry: a larger retry (0.45)
-        # released at 2,000-4,000 persons (d = 4, eps 0.9) but 6-10% of those releases were off by
-        # 0.5-9x (stage 1's scale stages too thin; no error bar warns), so those runs stop at
-        # INSUFFICIENT_DATA instead (benchmarks/results/covariance_clipped.md)
         # stage 1's scales and centre set the clipping geometry of stage 2 directly (the mean's own
         # final stage matters only to second order): larger shares for them than the mean's
         # defaults, and its second range retry on (releases from ~2,000 persons at d = 4, eps 0.9)
@@ -167,8 +164,8 @@ def second_moment_vector(backend: Aggregates, columns: list[str], mu: np.ndarray
     add/remove of one person, and ``w = COUNT_WEIGHT R^2``.
 
     The person count rides along in the same Gaussian release (its share of the sensitivity:
-    ``sqrt(1 + 1/16) - 1``, 3%); stage 1's own count comes from its thin final stage (off by ~25%
-    at 2,000 persons). Sensitivity: the hypotenuse of the outer sum's
+    ``sqrt(1 + 1/16) - 1``, 3%); stage 1's own count comes from its thin final stage (27% off in
+    one run at 2,000 persons). Sensitivity: the hypotenuse of the outer sum's
     (:func:`~dplib.aggregates.outer_sum_l2_sensitivity`) and ``w``, times ``1 + 2^-20`` for the
     float product ``w n``."""
     exact, n_exact = backend.clipped_outer_sum(columns, mu, radius, group, scales)

@@ -83,7 +83,7 @@ from dplib.mechanisms import NoiseSource, gaussian_sigma
 from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-multivariate-person-mean/scale-free"
-ALGORITHM_VERSION = "2"
+ALGORITHM_VERSION = "3"
 
 STAGE_RANGES = "coordinate ranges"
 STAGE_RANGES_RETRY = "coordinate ranges (retry)"
