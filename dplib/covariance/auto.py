@@ -150,7 +150,8 @@ class AutoCovariancePlan:
 class AutoCovarianceRelease:
     """What :func:`auto_covariance` released: ``covariance`` (d, d) or None, ``status`` (OK,
     INSUFFICIENT_DATA, FAIL), ``algorithm`` (the branch that ran), ``error_covers``, the composed
-    ``epsilon`` and ``delta`` charged, ``parameters`` (``estimator_choice`` says which and why)."""
+    ``epsilon`` and ``delta`` charged, ``parameters`` (``estimator_choice`` says which and why),
+    ``error_bar`` (d, d) per-entry half-widths at ``error_level`` (the clipped branch) or None."""
 
     status: str
     covariance: np.ndarray | None
@@ -159,6 +160,8 @@ class AutoCovarianceRelease:
     epsilon: float
     delta: float
     parameters: dict
+    error_bar: np.ndarray | None = None
+    error_level: float = 0.0
 
 
 def auto_covariance(
@@ -231,4 +234,4 @@ def auto_covariance(
     crel = clipped_covariance(aggregates, columns, plan.clipped_plan(), noise, accountant, stage_prefix)
     eps, delta = composed_cost(accountant.charges[start:])
     return AutoCovarianceRelease(crel.status, crel.covariance, CLIPPED_ALGORITHM, crel.error_covers, eps, delta,
-                                 {**crel.parameters, "estimator_choice": choice})
+                                 {**crel.parameters, "estimator_choice": choice}, crel.error_bar, crel.error_level)

@@ -15,31 +15,38 @@ scaled deviations.
                                                      second range retry on): DP mean mu,
                                                      coordinate scales s, l2 radius R (scaled
                                                      units), noisy person count n~
- 2    second moment             the rest,           Gaussian on (sum_i vech(u_i u_i^T), w n),
-                                 (eps2, delta/2)     u_i the deviation (Y_i - mu) / s clipped to
-                                                     the l2 ball of radius R (fixed point, exact
-                                                     sums), w = R^2 / 4; n~ = its last entry / w
+ 2    second moment             the rest,           Gaussian on (sum_i vech(u_i u_i^T), c sum_i
+                                 (eps2, delta/2)     u_i, w n), u_i the deviation (Y_i - mu) / s
+                                                     clipped to the l2 ball of radius R' (fixed
+                                                     point, exact sums), c = R'/2, w = R'^2 / 4;
+                                                     R' from stage 1's norm model for a second
+                                                     moment (:func:`second_moment_radius`)
 ====  =======================  ==================  ============================================
 
-Estimate: ``Sigma~ = diag(s) P(M~ / n~) diag(s)`` with ``M~`` the noisy symmetric second moment and
-``P`` the projection onto positive semidefinite matrices (eigenvalues floored at 0). Every stage
-reads all persons; sequential composition: (epsilon, delta)-DP under add/remove of one person.
-Stage 2 runs only if stage 1 released (a DP outcome); otherwise nothing more is charged.
+Estimate: ``Sigma~ = P(diag(s) (M~ / n~ - m~ m~^T) diag(s))`` with ``M~`` the noisy symmetric second
+moment, ``m~`` the noisy first moment over ``n~`` and ``P`` the projection onto positive
+semidefinite matrices (eigenvalues floored at 0, in data units). Every stage reads all persons;
+sequential composition: (epsilon, delta)-DP under add/remove of one person. Stage 2 runs only if
+stage 1 released (a DP outcome); otherwise nothing more is charged.
 
-What it estimates: ``E[(Y - mu)(Y - mu)^T]`` over persons with clipping, i.e. the covariance of
-person means plus ``(mean - mu)(mean - mu)^T`` (the square of stage 1's error, second order) minus
-the clipping bias. No error bar yet (``error_covers`` says so).
+What it estimates: the covariance of the clipped deviations, i.e. the covariance of person means
+minus the clipping bias (the first moment removes stage 1's error in mu: the second moment about mu
+alone carries ``(mean - mu)(mean - mu)^T``). Per-entry 90% error bars (:func:`entry_error_bar`):
+stage 2's noise, linearised, plus a bound on the clipping bias from the point fit of stage 1's norm
+tail, plus the projection's move.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from scipy.stats import norm as normal
 
-from dplib.aggregates import MIN_OUTER_RADIUS, outer_sum_l2_sensitivity, upper_pairs
+from dplib.aggregates import MIN_OUTER_RADIUS, clipped_sum_l2_sensitivity, outer_sum_l2_sensitivity, upper_pairs
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
@@ -49,7 +56,7 @@ from dplib.mechanisms.basic import clamp_exact
 from dplib.seam import Aggregates
 
 ALGORITHM = "clipped-covariance/scale-free (CoinPress-style)"
-ALGORITHM_VERSION = "2"
+ALGORITHM_VERSION = "3"
 STAGE_MEAN = "mean: "
 STAGE_SECOND = "second moment"
 #: Epsilon share of stage 1, and the shares of its centre, scale and norm-profile stages (of stage
@@ -60,8 +67,13 @@ STAGE_SECOND = "second moment"
 #: coordinate for a median); with these and the count inside stage 2 (COUNT_WEIGHT), 60/60 with
 #: 2 off by more than half (max 0.70).
 MEAN_SHARE = 0.5
-#: Weight of the person count in stage 2's Gaussian release, times R^2.
+#: Weight of the person count in stage 2's Gaussian release, times R^2, and of the clipped first
+#: moment, times R (each person's weighted entries: at most R^2 / 4 and R^2 / 2 in l2 norm).
 COUNT_WEIGHT = 0.25
+FIRST_WEIGHT = 0.5
+#: Floor of the tail index the second-moment radius assumes beyond the measured norm profile
+#: (the point fit otherwise; as :data:`dplib.variance.RADIUS_NU_FLOOR`). Accuracy only.
+RADIUS_NU_FLOOR = 2.5
 STAGE1_CENTRE_SHARE = 0.05
 STAGE1_SCALES_SHARE = 0.10
 STAGE1_NORM_SHARE = 0.05
@@ -71,6 +83,8 @@ STAGE1_NORM_SHARE = 0.05
 #: and R^2 stays far from overflow. Stage 1's radii lie in [2^-6, 128 sqrt(d)] anyway.
 TINY, HUGE = 1e-120, 1e120
 RADIUS_MAX = 1e100
+#: Level of the per-entry error bars.
+ERROR_LEVEL = 0.9
 STATUS_OK = "OK"
 STATUS_INSUFFICIENT = "INSUFFICIENT_DATA"
 
@@ -140,7 +154,9 @@ class ClippedCovariancePlan:
 class CovarianceRelease:
     """DP outputs of :func:`clipped_covariance` (every number DP or public).
 
-    ``covariance``: (d, d) positive semidefinite, data units squared, or None;
+    ``covariance``: (d, d) positive semidefinite, data units squared, or None; ``error_bar``: (d, d)
+    half-widths of per-entry intervals at ``error_level`` (90%) around ``covariance`` for the exact
+    covariance of person means, or None (``error_covers`` says why);
     ``mean``: stage 1's (d,) estimate or None; ``epsilon``, ``delta``: the composed cost charged.
     """
 
@@ -151,6 +167,8 @@ class CovarianceRelease:
     epsilon: float
     delta: float
     parameters: dict
+    error_bar: np.ndarray | None = None
+    error_level: float = 0.0
 
 
 def _psd(m: np.ndarray) -> np.ndarray:
@@ -159,19 +177,108 @@ def _psd(m: np.ndarray) -> np.ndarray:
 
 
 def second_moment_vector(backend: Aggregates, columns: list[str], mu: np.ndarray, radius: float,
-                         group: GroupRange, scales: np.ndarray) -> tuple[np.ndarray, float, float]:
-    """Stage 2's exact vector ``(sum_i vech(u_i u_i^T), w n)`` (floats), its l2 sensitivity under
-    add/remove of one person, and ``w = COUNT_WEIGHT R^2``.
+                         group: GroupRange, scales: np.ndarray) -> tuple[np.ndarray, float, float, float]:
+    """Stage 2's exact vector ``(sum_i vech(u_i u_i^T), c sum_i u_i, w n)`` (floats), its l2
+    sensitivity under add/remove of one person, ``w = COUNT_WEIGHT R^2`` and ``c = FIRST_WEIGHT R``.
 
-    The person count rides along in the same Gaussian release (its share of the sensitivity:
-    ``sqrt(1 + 1/16) - 1``, 3%); stage 1's own count comes from its thin final stage (27% off in
-    one run at 2,000 persons). Sensitivity: the hypotenuse of the outer sum's
-    (:func:`~dplib.aggregates.outer_sum_l2_sensitivity`) and ``w``, times ``1 + 2^-20`` for the
-    float product ``w n``."""
+    The clipped first moment and the person count ride along in the same Gaussian release: the
+    first moment removes ``(mean - mu)(mean - mu)^T`` (stage 1's error, squared) from the estimate,
+    so stage 1's own final stage matters little; stage 1's count comes from its thin final stage
+    (27% off in one run at 2,000 persons). Both clipped sums clip the same fixed-point deviations.
+    Sensitivity: the hypotenuse of the outer sum's
+    (:func:`~dplib.aggregates.outer_sum_l2_sensitivity`), ``c`` times the clipped sum's
+    (:func:`~dplib.aggregates.clipped_sum_l2_sensitivity`) and ``w``, times ``1 + 2^-20`` for the
+    float products ``c S`` and ``w n``: ``sqrt(1 + 1/4 + 1/16) R^2``, 15% above the outer sum's."""
     exact, n_exact = backend.clipped_outer_sum(columns, mu, radius, group, scales)
+    first, n_first = backend.clipped_sum(columns, mu, radius, group, scales)
+    if n_first != n_exact:  # the same persons (those with every column) in both
+        raise RuntimeError("the clipped sum and the clipped outer sum read different persons")
+    d = len(columns)
     w = COUNT_WEIGHT * radius * radius
-    sens = math.hypot(outer_sum_l2_sensitivity(radius, len(columns)), w) * (1.0 + 2.0**-20)
-    return np.append(clamp_exact(np.asarray(exact, float)), w * float(n_exact)), sens, w
+    c = FIRST_WEIGHT * radius
+    sens = math.sqrt(outer_sum_l2_sensitivity(radius, d) ** 2 + (c * clipped_sum_l2_sensitivity(radius, d)) ** 2
+                     + w * w) * (1.0 + 2.0**-20)
+    vec = np.concatenate([clamp_exact(np.asarray(exact, float)), c * clamp_exact(np.asarray(first, float)),
+                          [w * float(n_exact)]])
+    return vec, sens, w, c
+
+
+def second_moment_radius(norm_model, d: int, sigma_unit: float) -> float | None:
+    """Stage 2's clipping radius (scaled units) from stage 1's norm model (post-processing).
+
+    Minimises, on stage 1's radius grid and under its reach cap, the model's bound on the clipping
+    bias of the second moment, ``E[(||x||^2 - R^2)+]``
+    (:meth:`~dplib.mean.tails.StudentTail.second_moment_excess`: a bound on the Frobenius norm of
+    what clipping removes, per person), plus the expected Frobenius norm of stage 2's noise over the
+    person count, ``R^2 sqrt(1 + COUNT_WEIGHT^2) sigma_unit d / n`` (d^2 entries of a symmetric
+    matrix from d (d + 1) / 2 draws: sum of variances d + d (d - 1) = d^2). The mean's own radius
+    trades a noise growing as R; the second moment's grows as R^2 (a 12,000-person covariance
+    clipped at 17-26 scaled units, against ~5 needed, 1 run in 100). The tail beyond the measured
+    profile takes the point fit of its index, at least RADIUS_NU_FLOOR (accuracy only: no bar reads
+    it). None without a norm model (stage 1's radius then)."""
+    if norm_model is None:
+        return None
+    # the point fit of the tail index (at least RADIUS_NU_FLOOR) beyond what the profile measured,
+    # as the variance's radius: the one-sd lower bound (~2.1 in the runs that clipped at 17-26)
+    # makes the bound on the second moment's clipping fall so slowly that the top of the grid wins
+    model = dataclasses.replace(norm_model.model, nu_lower=max(float(norm_model.model.nu), RADIUS_NU_FLOOR))
+    coefficient = math.sqrt(1.0 + COUNT_WEIGHT**2 + FIRST_WEIGHT**2) * sigma_unit * d / max(norm_model.n_hat, 1.0)
+    return norm_model.radius(model.second_moment_excess, coefficient, 2)
+
+
+def clipping_bound(norm_model, radius: float, offset: float) -> tuple[float, float]:
+    """DP bounds ``(b1, b2)`` on ``E[(||x|| - R)+]`` and ``E[(||x||^2 - R^2)+]`` for the scaled
+    deviations ``x`` about stage 2's centre mu, from stage 1's norm model about its coarse centre
+    (``offset = ||(mu - c) / s||`` apart: ``||x_mu|| <= ||x_c|| + offset``, so with ``t = R - offset``
+    ``b1 <= E[(||x_c|| - t)+]`` and ``b2 <= E[(||x_c||^2 - t^2)+] + 2 offset E[(||x_c|| - t)+]``;
+    ``t`` floored at 0). Beyond the measured profile the tail takes the point fit of its index (at
+    least RADIUS_NU_FLOOR): a fit, not a worst case (a heavier tail past the profile breaks it; the
+    release says so). Post-processing; ``(inf, inf)`` without a model."""
+    if norm_model is None or not math.isfinite(offset):
+        return math.inf, math.inf
+    # beyond the measured profile: the point fit of the tail index (at least RADIUS_NU_FLOOR), as
+    # the radius reads it. Measured (benchmarks/results/covariance_clipped.md, d = 4, 40 runs): the
+    # one-sd lower bound gave bars 3-20x the p90 error (and none at all on some Gaussian runs, its
+    # index at or below 2); the point fit covers 98.5% of entries on t5 data with bars 1.8x p90.
+    model = norm_model.bound_model if norm_model.bound_model is not None else norm_model.model
+    model = dataclasses.replace(model, nu_lower=max(float(model.nu), RADIUS_NU_FLOOR), nu_bar=math.nan)
+    t = max(radius - offset, 0.0)
+    b1 = float(model.bias(t))
+    b2 = float(model.second_moment_excess(t)) + 2.0 * offset * b1
+    return float(b1), float(b2) if math.isfinite(b2) else math.inf
+
+
+def entry_error_bar(second: np.ndarray, shift: np.ndarray, projection_move: np.ndarray, scales: np.ndarray,
+                    sigma: float, w: float, c: float, clip: tuple[float, float]) -> np.ndarray | None:
+    """Per-entry 90% half-widths (data units squared) of the released covariance around the exact
+    covariance of person means; None when the clipping bound is infinite. Post-processing only.
+
+    Scaled units, entry (j, k) of ``A = M~/n~ - m~ m~^T`` (``second`` = M~/n~, ``shift`` = m~,
+    ``sigma`` = stage 2's noise sd over n~; the first moment's noise is ``sigma / c``, the count's
+    ``sigma / w`` in persons): the noise, linearised, has sd
+    ``sigma sqrt(1 + (A_jk - m_j m_k)^2 / w^2 + (m_j^2 + m_k^2) / c^2)`` (``4 m_j^2 / c^2`` on the
+    diagonal; A_jk - m_j m_k = M_jk/n - 2 m_j m_k is the count's coefficient), taken at z_0.95, plus
+    the product of the two first-moment noises (``(z sigma / c)^2``). Clipping at R changes the
+    covariance of the clipped deviations by ``-B - (x-bar e^T + e x-bar^T) + e e^T`` with
+    ``B = E[(1 - R^2/||x||^2)+ x x^T]`` (PSD, trace at most b2: ``|B_jk| <= b2``) and ``||e|| <= b1``;
+    ``||x-bar|| <= ||m~|| + b1 + z sigma sqrt(d) / c``. In data units each term times
+    ``s_j s_k``; the projection's move ``|P(A) - A|_jk`` is added as computed."""
+    b1, b2 = clip
+    if not (math.isfinite(b1) and math.isfinite(b2)):
+        return None
+    d = len(scales)
+    z = float(normal.ppf(0.5 + ERROR_LEVEL / 2.0))
+    a = second - np.outer(shift, shift)
+    coef_count = a - np.outer(shift, shift)
+    first_var = shift[:, None] ** 2 + shift[None, :] ** 2
+    first_var[np.diag_indices(d)] *= 2.0  # A_jj moves by 2 m_j per unit of S_j: 4 m_j^2
+    noise_sd = sigma * np.sqrt(1.0 + (coef_count / w) ** 2 + first_var / (c * c))
+    noise = z * noise_sd + (z * sigma / c) ** 2
+    xbar = float(np.linalg.norm(shift)) + b1 + z * sigma * math.sqrt(d) / c
+    clipping = b2 + 2.0 * xbar * b1 + b1 * b1
+    with np.errstate(over="ignore", invalid="ignore"):
+        bar = (noise + clipping) * scales[:, None] * scales[None, :] + np.abs(projection_move)
+    return bar if np.all(np.isfinite(bar)) else None
 
 
 def clipped_covariance(
@@ -212,11 +319,13 @@ def clipped_covariance(
     Add/remove one person. Stage 1 is (eps MEAN_SHARE, delta/2)-DP (the multivariate mean's own
     guarantee). Stage 2: one person's fixed-point ``vech(u u^T)`` has l2 norm at most
     ``||u||^2 <= R^2`` (``||vech(A)||_2 <= ||A||_F`` and ``||u u^T||_F = ||u||^2``) plus rounding
-    (:func:`dplib.aggregates.outer_sum_l2_sensitivity`), and its count entry moves by ``w``: the
-    joint vector's l2 sensitivity is their hypotenuse (times ``1 + 2^-20`` for the float product
-    ``w n``); mu, s and R are stage 1's DP outputs
-    clamped to public finite ranges (post-processing), so the analytic Gaussian mechanism at
-    (eps2, delta/2) makes stage 2 DP. Basic composition: (epsilon, delta)-DP.
+    (:func:`dplib.aggregates.outer_sum_l2_sensitivity`), its weighted first moment ``c u`` at most
+    ``c R`` plus rounding (:func:`dplib.aggregates.clipped_sum_l2_sensitivity`), and its count entry
+    moves by ``w``: the joint vector's l2 sensitivity is the root of their sum of squares (times
+    ``1 + 2^-20`` for the float products ``c S`` and ``w n``); mu, s and R are stage 1's DP outputs
+    clamped to public finite ranges (post-processing; R' is a function of them), so the analytic
+    Gaussian mechanism at (eps2, delta/2) makes stage 2 DP. Basic composition: (epsilon, delta)-DP.
+    The error bar is post-processing of DP outputs.
 
     References
     ----------
@@ -252,39 +361,65 @@ def clipped_covariance(
     # stage 1's DP outputs, clamped into public finite ranges (post-processing)
     mu = np.clip(np.nan_to_num(np.asarray(mean_rel.estimate, float), nan=0.0), -1e300, 1e300)
     scales = np.clip(np.nan_to_num(np.asarray(p1["scales_used"], float), nan=1.0, posinf=HUGE), TINY, HUGE)
-    radius = float(np.clip(np.nan_to_num(float(p1["final_radius"]), nan=1.0, posinf=RADIUS_MAX),
-                           MIN_OUTER_RADIUS, RADIUS_MAX))
+    mean_radius = float(p1["final_radius"])
+    radius_rule = "second moment" if mean_rel.norm_model is not None else "stage 1's"
+    radius = second_moment_radius(mean_rel.norm_model, d, sigma_unit)
+    if radius is None:
+        radius = mean_radius
+    radius = float(np.clip(np.nan_to_num(radius, nan=1.0, posinf=RADIUS_MAX), MIN_OUTER_RADIUS, RADIUS_MAX))
 
     accountant.charge(second.stage, second.budget, second.group)
-    joint, sens, w = second_moment_vector(backend, cols, mu, radius, plan.group, scales)
+    joint, sens, w, c = second_moment_vector(backend, cols, mu, radius, plan.group, scales)
     sigma = sens * sigma_unit * (1.0 + 2.0**-40)  # the product rounds: toward more noise
     released = noise.add_gaussian(joint, sigma)
     del joint
-    noisy, n_noisy = released[:-1], float(released[-1]) / w
+    n_pairs = d * (d + 1) // 2
+    noisy, first, n_noisy = released[:n_pairs], released[n_pairs:n_pairs + d] / c, float(released[-1]) / w
     denom = max(n_noisy, 1.0) if math.isfinite(n_noisy) else 1.0
     jj, kk = upper_pairs(d)
     m = np.zeros((d, d))
     m[jj, kk] = noisy / denom
     m[kk, jj] = noisy / denom
-    cov = _psd(m) * scales[:, None] * scales[None, :]
+    shift = first / denom  # the clipped deviations' mean, scaled units
+    centred = m - np.outer(shift, shift)
+    # projected onto the PSD cone in data units (the nearest PSD matrix in the Frobenius norm the
+    # error is measured in: never farther from the true covariance than the unprojected estimate)
+    with np.errstate(over="ignore", invalid="ignore"):
+        unprojected = np.nan_to_num(centred * scales[:, None] * scales[None, :], nan=0.0, posinf=1e300, neginf=-1e300)
+    cov = _psd(unprojected)
+    offset = float(np.linalg.norm((mu - np.asarray(p1["coarse_center"], float)) / scales))
+    clip_bound = clipping_bound(mean_rel.norm_model, radius, offset)
+    error_bar = entry_error_bar(m, shift, cov - unprojected, scales, sigma / denom, w, c, clip_bound)
     eps, delta = composed_cost(accountant.charges[start:])
     params.update(
         {
             "mean": [float(x) for x in mu],
             "scales_used": [float(x) for x in scales],
             "clipping_radius_scaled": radius,
+            "clipping_radius_rule": radius_rule,
+            "stage1_radius_scaled": mean_radius,
             "noisy_person_count": round(n_noisy, 1),
             "second_moment_sigma_scaled": sigma / denom,
             "count_weight": w,
+            "first_moment_weight": c,
             "stage1_tail_flag": bool(p1.get("tail_flag", False)),
             # the release's flag (the releases table's `flagged` column): stage 1 read the persons'
             # norms as heavy-tailed, so the clipping radius may cut much of the spread
             "tail_flag": bool(p1.get("tail_flag", False)),
         }
     )
-    covers = ("none: no error bar yet; the estimate is the clipped second moment around stage 1's DP "
-              "mean, projected to positive semidefinite")
+    params["clipping_bias_bound_scaled"] = clip_bound
+    if error_bar is None:
+        covers = ("nothing: stage 1 gave no finite bound on the clipping bias of a second moment; the estimate "
+                  "is private but has no honest error bar")
+    else:
+        covers = ("each entry of the exact covariance of person means (population normalisation), at 90% per "
+                  "entry: stage 2's Gaussian noise (second moment, first moment and count, linearised), the "
+                  "clipping bias as stage 1's fitted norm tail bounds it (a fit, not a worst case: a heavier "
+                  "tail beyond what stage 1 measured breaks it), and the move of the projection to positive "
+                  "semidefinite")
     if params["tail_flag"]:
         covers += ("; WARNING (tail_flag): the persons' vectors look heavy-tailed, and clipping then biases "
-                   "the covariance downwards (seen: about half the exact values on flight delays)")
-    return CovarianceRelease(STATUS_OK, cov, mu, covers, eps, delta, params)
+                   "the covariance downwards (seen: about half the exact values on flight delays); the bias "
+                   "bound assumes that tail continues as fitted, which the data may break")
+    return CovarianceRelease(STATUS_OK, cov, mu, covers, eps, delta, params, error_bar, ERROR_LEVEL)

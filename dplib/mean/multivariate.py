@@ -694,6 +694,10 @@ class VectorMeanRelease:
     epsilon: float
     delta: float
     parameters: dict = field(default_factory=dict)
+    #: The scale-free estimator's norm model (:class:`dplib.mean.scale_free_multivariate.NormModel`,
+    #: DP post-processing), for a later stage that clips at a radius of its own; None otherwise.
+    #: Not written to any table.
+    norm_model: object = field(default=None, repr=False, compare=False)
 
 
 def multivariate_person_mean(

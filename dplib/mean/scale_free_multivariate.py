@@ -240,14 +240,45 @@ def _interpolated_median(profile) -> float:
 def _l2_radius(model, low: float, high: float, noise_per_radius: float) -> float:
     """Radius minimising ``model.bias(R) + noise_per_radius * R`` on a log grid in [low, high]
     (post-processing)."""
+    return grid_radius(model.bias, low, high, noise_per_radius, 1)
+
+
+def grid_radius(bias, low: float, high: float, noise_coefficient: float, power: int) -> float:
+    """Radius minimising ``bias(R) + noise_coefficient * R**power`` on a log grid in [low, high]
+    (post-processing); ``high`` when no grid point has a finite cost."""
     octaves = max(math.log2(high / low), 1.0)
     grid = low * 2.0 ** (np.arange(int(octaves * RADIUS_GRID_PER_OCTAVE) + 1) / RADIUS_GRID_PER_OCTAVE)
     best, best_cost = float(grid[-1]), math.inf
     for r in grid:
-        cost = model.bias(float(r)) + noise_per_radius * float(r)
+        cost = bias(float(r)) + noise_coefficient * float(r) ** power
         if cost < best_cost:
             best, best_cost = float(r), cost
     return best
+
+
+@dataclass(frozen=True)
+class NormModel:
+    """What the scale-free multivariate mean learned about the scaled deviation norms ``||x||``
+    (every field DP post-processing or public), for a later stage choosing its own radius.
+
+    ``model``: the tail model the radius was chosen on (:class:`dplib.mean.tails.StudentTail`);
+    ``low``, ``high``: the radius grid's ends; ``reach``: the cap on any radius (no far
+    extrapolation past the measured profile); ``n_hat``: the noisy person count the radius rule
+    used; ``bound_model``: the tail model bias bounds read (with
+    :func:`~dplib.mean.scale_free_stages.bar_bias`; differs from ``model`` after a hidden-mass
+    alarm). Norms about ``params["coarse_center"]``, scaled units (coordinate j divided by
+    ``scales_used[j]``)."""
+
+    model: object
+    low: float
+    high: float
+    reach: float
+    n_hat: float
+    bound_model: object = None
+
+    def radius(self, bias, noise_coefficient: float, power: int) -> float:
+        """:func:`grid_radius` on the model's grid, capped at ``reach``."""
+        return min(grid_radius(bias, self.low, self.high, noise_coefficient, power), self.reach)
 
 
 def scale_free_multivariate_mean(
@@ -404,6 +435,7 @@ def scale_free_multivariate_mean(
     radius = _l2_radius(radius_model, low, 2.0 * high, math.sqrt(d) * unit / n_hat)
     # as the univariate mean: no far extrapolation
     reach = RADIUS_REACH * measured_reach(radius_profile, radius_model)
+    norm_model = NormModel(radius_model, low, 2.0 * high, reach, n_hat, model)
     capped = radius > reach
     radius = min(radius, reach)
     bias_bound = bar_bias(model, lambda m: m.bias(radius))  # the bar's tail (bar_tail)
@@ -453,4 +485,5 @@ def scale_free_multivariate_mean(
                 "assumes that tail continues as fitted, which the data may break"
             )
     noise_sd = fin.sigma / fin.denom * scales
-    return VectorMeanRelease(STATUS_OK, fin.center, error_bar, ERROR_LEVEL, covers, noise_sd, eps, delta, params)
+    return VectorMeanRelease(STATUS_OK, fin.center, error_bar, ERROR_LEVEL, covers, noise_sd, eps, delta, params,
+                             norm_model)

@@ -91,6 +91,7 @@ class CovarianceKind(BHSKind):
             delta=float(rel.delta),
             estimate=None if rel.covariance is None else [float(v) for v in rel.covariance.ravel()],
             estimate_shape=[d, d], error_covers=rel.error_covers, parameters=params,
+            error_bar=_flat(rel.error_bar), error_level=float(rel.error_level),
         )
 
 
@@ -114,7 +115,13 @@ class CovarianceKind(BHSKind):
             algorithm_version=version, status=rel.status, epsilon=float(rel.epsilon), delta=float(rel.delta),
             estimate=None if rel.covariance is None else [float(v) for v in np.ravel(rel.covariance)],
             estimate_shape=[d, d], error_covers=rel.error_covers, parameters=params,
+            error_bar=_flat(rel.error_bar), error_level=float(rel.error_level),
         )
+
+
+def _flat(bar) -> list[float] | None:
+    """A (d, d) bar, row-major like the estimate; None stays None."""
+    return None if bar is None else [float(v) for v in np.ravel(bar)]
 
 
 KIND = CovarianceKind()
