@@ -4,7 +4,8 @@ person panels (issue 19: "covariance of person means, d = 4, ~4,700 persons, lig
 Estimand: the exact covariance of person means (population normalisation). Error: relative
 Frobenius norm ||Sigma~ - Sigma||_F / ||Sigma||_F; medians and 90th percentiles over seeds; the
 release rate. Numpy twin of the Spark plan (bit-identical aggregates), SeededNoise.
-Run: `.venv/bin/python -m benchmarks.covariance_clipped [--seeds 20] [--epsilon 1] [--estimator auto]`
+Run: `.venv/bin/python -m benchmarks.covariance_clipped [--seeds 20] [--epsilon 1] [--estimator auto]
+[--anchors] [--cells 4700,nlswork]` (`--anchors`: PipelineDP constructions given non-private bounds)
 (needs the bench extra for the real panels; `auto`: the default of `kind: covariance`, a DP count
 then BHS23 above its gate or the clipped estimator).
 """
@@ -76,11 +77,62 @@ def run_with_bars(y: np.ndarray, eps: float, seed: int, estimator: str = "clippe
     return float(np.linalg.norm(rel.covariance - true) / np.linalg.norm(true)), err, bar
 
 
+def _vech(z: np.ndarray) -> np.ndarray:
+    """Rows ``vech(z_i z_i^T)`` (upper triangle, row-major) of z (n, d)."""
+    jj, kk = np.triu_indices(z.shape[1])
+    return z[:, jj] * z[:, kk]
+
+
+def _from_moments(first: np.ndarray, second: np.ndarray, d: int) -> np.ndarray:
+    jj, kk = np.triu_indices(d)
+    m = np.zeros((d, d))
+    m[jj, kk] = second
+    m[kk, jj] = second
+    return m - np.outer(first, first)
+
+
+def anchor_vector(y: np.ndarray, eps: float) -> np.ndarray:
+    """PipelineDP, given sensible bounds: COUNT (Laplace) + VECTOR_SUM (L2 clip, Gaussian) of each
+    person's ``(z, vech(z z^T))``, ``z = y - median`` (non-private), clipped at the non-private 99th
+    percentile of that vector's norm; covariance ``E[z z^T] - E[z] E[z]^T``, projected to PSD."""
+    from benchmarks.anchors.anchors import pipelinedp_vector
+
+    d = y.shape[1]
+    med = np.median(y, axis=0)
+    z = y - med
+    v = np.hstack([z, _vech(z)])
+    radius = float(np.percentile(np.linalg.norm(v, axis=1), 99.0))
+    mean_v = pipelinedp_vector(v, np.zeros(v.shape[1]), radius, eps, 1e-6)
+    return _psd(_from_moments(mean_v[:d], mean_v[d:], d))
+
+
+def anchor_means(y: np.ndarray, eps: float) -> np.ndarray:
+    """PipelineDP MEAN of each coordinate and each product ``z_j z_k`` (``z = y - median``), each with
+    its non-private 1st/99th percentiles as bounds, eps split evenly (d + d (d + 1) / 2 means): what
+    a Tumult or PipelineDP user builds from per-column means; projected to PSD."""
+    from benchmarks.anchors.anchors import bounds, pipelinedp_mean
+
+    d = y.shape[1]
+    z = y - np.median(y, axis=0)
+    v = np.hstack([z, _vech(z)])
+    lo, hi = bounds(v, "p1/p99")
+    mean_v = pipelinedp_mean(v, lo, hi, eps)
+    return _psd(_from_moments(mean_v[:d], mean_v[d:], d))
+
+
+def _psd(m: np.ndarray) -> np.ndarray:
+    w, v = np.linalg.eigh((m + m.T) / 2.0)
+    return (v * np.clip(w, 0.0, None)) @ v.T
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--epsilon", type=float, default=1.0)
     ap.add_argument("--estimator", choices=["clipped", "auto"], default="clipped")
+    ap.add_argument("--anchors", action="store_true",
+                    help="also run two PipelineDP constructions given non-private bounds (bench extra)")
+    ap.add_argument("--cells", default="", help="comma-separated substrings selecting cells")
     args = ap.parse_args(argv)
     cells = [(f"gaussian d=4 n={n}", lambda s, n=n: synthetic(n, False, s)) for n in (1000, 2000, 4700, 20000)]
     cells += [("t5 d=4 n=4700", lambda s: synthetic(4700, True, s))]
@@ -95,8 +147,20 @@ def main(argv=None) -> int:
     print("error: relative Frobenius; bars: share of entries (upper triangle) whose 90% bar covers the exact "
           "entry, and the median over entries of (median bar / p90 |error|)")
     print(f"{'cell':<58}{'released':>9}{'median':>9}{'p90':>9}{'max':>9}{'covered':>9}{'bar/p90':>9}{'sec':>6}")
+    if args.cells:
+        cells = [c for c in cells if any(k in c[0] for k in args.cells.split(","))]
+    anchor_rows = []
     for name, make in cells:
         t0 = time.time()
+        if args.anchors:
+            for label, fn in (("PipelineDP VECTOR_SUM (z, vech zz^T), p99 norm", anchor_vector),
+                              ("PipelineDP MEAN per entry, p1/p99 bounds", anchor_means)):
+                errs = []
+                for s in range(args.seeds):
+                    y = make(s)
+                    true = np.cov(y.T, bias=True)
+                    errs.append(float(np.linalg.norm(fn(y, args.epsilon) - true) / np.linalg.norm(true)))
+                anchor_rows.append((name, label, np.median(errs), np.quantile(errs, 0.9)))
         runs = [run_with_bars(make(s), args.epsilon, s, args.estimator) for s in range(args.seeds)]
         ok = [r for r in runs if r is not None]
         rel_err = [r[0] for r in ok]
@@ -113,6 +177,11 @@ def main(argv=None) -> int:
             covered = ratio = "-"
         print(f"{name:<58}{len(ok):>5}/{len(runs):<3}{med:>9}{p90:>9}{worst:>9}{covered:>9}{ratio:>9}"
               f"{time.time() - t0:>6.0f}", flush=True)
+    if anchor_rows:
+        print("\nanchors (same data and epsilon, delta 1e-6, error against the exact covariance of person means)")
+        print(f"{'cell':<58}{'anchor':<50}{'median':>9}{'p90':>9}")
+        for name, label, med, p90 in anchor_rows:
+            print(f"{name:<58}{label:<50}{med:>9.3f}{p90:>9.3f}")
     return 0
 
 

@@ -203,6 +203,19 @@ def second_moment_vector(backend: Aggregates, columns: list[str], mu: np.ndarray
     return vec, sens, w, c
 
 
+def second_moment_release(backend: Aggregates, columns: list[str], mu: np.ndarray, radius: float, group: GroupRange,
+                          scales: np.ndarray, sigma_unit: float, noise: NoiseSource):
+    """Stage 2's mechanism: :func:`second_moment_vector` plus Gaussian noise of sd ``sensitivity x
+    sigma_unit`` (``sigma_unit`` the analytic Gaussian's sigma for sensitivity 1 at stage 2's
+    (epsilon, delta); the product rounded toward more noise). Returns ``(released, sigma, w, c)``.
+    The caller charges stage 2 first (audited in ``tests/statistical/test_dp_audit.py``)."""
+    joint, sens, w, c = second_moment_vector(backend, columns, mu, radius, group, scales)
+    sigma = sens * sigma_unit * (1.0 + 2.0**-40)
+    released = noise.add_gaussian(joint, sigma)
+    del joint
+    return released, sigma, w, c
+
+
 def second_moment_radius(norm_model, d: int, sigma_unit: float) -> float | None:
     """Stage 2's clipping radius (scaled units) from stage 1's norm model (post-processing).
 
@@ -369,10 +382,7 @@ def clipped_covariance(
     radius = float(np.clip(np.nan_to_num(radius, nan=1.0, posinf=RADIUS_MAX), MIN_OUTER_RADIUS, RADIUS_MAX))
 
     accountant.charge(second.stage, second.budget, second.group)
-    joint, sens, w, c = second_moment_vector(backend, cols, mu, radius, plan.group, scales)
-    sigma = sens * sigma_unit * (1.0 + 2.0**-40)  # the product rounds: toward more noise
-    released = noise.add_gaussian(joint, sigma)
-    del joint
+    released, sigma, w, c = second_moment_release(backend, cols, mu, radius, plan.group, scales, sigma_unit, noise)
     n_pairs = d * (d + 1) // 2
     noisy, first, n_noisy = released[:n_pairs], released[n_pairs:n_pairs + d] / c, float(released[-1]) / w
     denom = max(n_noisy, 1.0) if math.isfinite(n_noisy) else 1.0

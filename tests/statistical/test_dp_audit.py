@@ -23,11 +23,12 @@ from scipy.stats import beta as beta_dist
 
 from dplib.aggregates import NumpyAggregates
 from dplib.budget import Budget
+from dplib.covariance.clipped import second_moment_release
 from dplib.distribution.shares import NumpyShares, SharePlan, share_distribution
 from dplib.groups import ALL_PERSONS
 from dplib.mean.multivariate import clip_and_noise
 from dplib.mean.univariate import centred_clip_and_noise, count_weight
-from dplib.mechanisms import SeededNoise
+from dplib.mechanisms import SeededNoise, gaussian_sigma
 from dplib.mechanisms import histograms as H
 from dplib.mechanisms.exponential import ExponentialMechanism
 from dplib.quantile import STAGE_FINAL, QuantilePlan, candidates, log_widths, rank_scores, sub_edges
@@ -117,6 +118,57 @@ def _gaussian_clip_run(extreme: bool, noise) -> float:
     return float(out.center[0] + out.center[1])
 
 
+_COV_SIGMA_UNIT = None
+
+
+class _Memo:
+    """The numpy aggregates of one side, each exact sum computed once (speed only: the audit is of
+    the mechanism, sensitivity and noise; the sums' oracle and extreme-neighbour tests are in
+    tests/unit/test_covariance_clipped.py)."""
+
+    def __init__(self, inner):
+        self.inner, self.cache = inner, {}
+
+    def clipped_outer_sum(self, *args):
+        key = ("outer", repr(args))
+        if key not in self.cache:
+            self.cache[key] = self.inner.clipped_outer_sum(*args)
+        return self.cache[key]
+
+    def clipped_sum(self, *args):
+        key = ("sum", repr(args))
+        if key not in self.cache:
+            self.cache[key] = self.inner.clipped_sum(*args)
+        return self.cache[key]
+
+
+_COV_BACKENDS: dict = {}
+
+
+def _cov_backend(extreme: bool):
+    if extreme not in _COV_BACKENDS:
+        vals = np.zeros((N_BASE + (1 if extreme else 0), 2))
+        if extreme:
+            vals[-1] = [1e6, 1e6]
+        _COV_BACKENDS[extreme] = _Memo(NumpyAggregates({"a": vals[:, 0], "b": vals[:, 1]}, np.arange(vals.shape[0])))
+    return _COV_BACKENDS[extreme]
+
+
+def _covariance_second_moment_run(extreme: bool, noise) -> float:
+    """The clipped covariance's stage 2 (analytic Gaussian on (vech second moment, c first moment,
+    w n) of l2-clipped deviations), d = 2, delta 1e-3, R = 1: D' adds a person at (1e6, 1e6), on the
+    ball's surface after clipping. The scalar: the released vector's projection on the direction of
+    that person's contribution (the likelihood-ratio statistic of a Gaussian)."""
+    global _COV_SIGMA_UNIT
+    if _COV_SIGMA_UNIT is None:
+        _COV_SIGMA_UNIT = gaussian_sigma(1.0, EPS, 1e-3)
+    released, _, w, c = second_moment_release(_cov_backend(extreme), ["a", "b"], np.zeros(2), 1.0, ALL_PERSONS,
+                                              np.ones(2), _COV_SIGMA_UNIT, noise)
+    u = np.full(2, math.sqrt(0.5))
+    direction = np.r_[u[0] * u[0], u[0] * u[1], u[1] * u[1], c * u, w]
+    return float(released @ direction / np.linalg.norm(direction))
+
+
 def _shares_run(extreme: bool, noise) -> float:
     """Share-sum distribution: D' adds a person whose every record is in category 1."""
     counts = np.tile([5, 0, 0], (N_BASE, 1))
@@ -171,6 +223,7 @@ def _outputs(run, noise_cls, seed: int) -> tuple[np.ndarray, np.ndarray]:
 MECHANISMS = {
     "laplace clip-and-noise": (_laplace_clip_run, 0.0, 0.5),
     "gaussian clip-and-noise": (_gaussian_clip_run, 1e-3, 0.3),
+    "gaussian covariance second moment": (_covariance_second_moment_run, 1e-3, 0.3),
     "share-sum laplace": (_shares_run, 0.0, 0.5),
     "thresholded histogram (existing bin)": (_histogram_existing_bin_run, 1e-3, 0.5),
 }
