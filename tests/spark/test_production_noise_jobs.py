@@ -153,9 +153,13 @@ def check_estimate(kind, est, mean_truth, extra, bar=None):
     elif kind == "covariance":
         c = est.reshape(2, 2)
         assert np.allclose(c, c.T) and np.all(np.linalg.eigvalsh(c) >= -1e-9)
-        if extra.get("clipped"):  # the clipped branch at epsilon 3 (relative Frobenius ~0.05 here)
+        if extra.get("clipped"):  # the clipped branch at epsilon 3
+            # numpy twin of this data and plan, 200 seeded runs: relative Frobenius median 0.047,
+            # max 0.44 (a coordinate scale 3-4x off at stage 1 amplifies the noise; its bars widen
+            # with it), worst |error| / 90% bar over the entries 1.52 (99th percentile 1.04)
             true = extra["covariance"]
-            assert np.linalg.norm(c - true) / np.linalg.norm(true) <= 0.35
+            assert np.linalg.norm(c - true) / np.linalg.norm(true) <= 0.6
+            assert bar is not None and np.all(np.abs(c - true) <= 3.0 * np.array(bar).reshape(2, 2))
     else:  # gaussian: the mean row, then the covariance
         assert est.shape == (6,) and np.all(np.abs(est[:2] - mean_truth) <= 0.5)
 
@@ -227,3 +231,42 @@ def test_multivariate_mean_second_range_retry_through_the_job(spark, tmp_path):
     exact = mu.mean(axis=0)
     assert est.shape == (4,) and np.all(np.isfinite(bar))
     assert np.all(np.abs(est - exact) <= 5.0 * bar), (est - exact, bar)
+
+
+def test_pure_dp_mean_beyond_the_exponent_range_stops_before_the_fine_stage_through_the_job(spark, tmp_path):
+    """Issue 20 (confident wrong answers) through a job with the production noise source: delta = 0
+    and person means near 3e25, beyond the pure range stage's default 2^60 (~1.2e18; inside the
+    summary's record clamp of ~3.2e29). Most persons lie above the deviation histogram's top (a DP
+    share), so the statistic stops with INSUFFICIENT_DATA before its fine stage, which is neither
+    run nor charged; the row names options.exponent_range. Then the same data with
+    ``exponent_range: [75, 95]`` (2^75..2^95 covers 3e25) releases OK within 1% of the exact mean
+    of person means."""
+    rng = np.random.default_rng(5)
+    mu = 1e25 * (3.0 + rng.standard_normal(3_000))
+    pdf = pd.DataFrame({"pid": np.repeat([f"p{i}" for i in range(3_000)], 2), "v": np.repeat(mu, 2)})
+    path = tmp_path / "huge.parquet"
+    pdf.to_parquet(path, index=False)
+
+    def run(options, name):
+        cfg = parse_config({
+            "job_name": name,
+            "input": {"path": str(path), "format": "parquet"},
+            "privacy_unit": {"column": "pid"},
+            "budget": {"epsilon": 1.0, "delta": 0.0},
+            "statistics": [{"name": "m", "kind": "mean", "columns": ["v"], "share": 1.0, "options": options}],
+            "output": {"path": str(tmp_path / name)},
+            "ledger": {"enabled": False},
+        })
+        result = run_job(cfg, spark=spark)
+        (row,) = result.rows
+        assert row.noise_source == SecureNoise.name
+        return result, row
+
+    result, row = run({}, "beyond-range")
+    assert row.status == "INSUFFICIENT_DATA" and row.estimate is None and row.error_bar is None
+    assert "options.exponent_range" in row.error_covers
+    params = json.loads(row.parameters)
+    assert params["profile_overflow_share"] > 0.5
+    assert row.epsilon < 0.5 and result.epsilon_spent == pytest.approx(row.epsilon)  # no fine stage charged
+    _, row = run({"exponent_range": [75, 95]}, "inside-range")
+    assert row.status == "OK" and abs(row.estimate[0] / float(mu.mean()) - 1.0) < 0.01
