@@ -65,16 +65,17 @@ class CovarianceKind(BHSKind):
             return (f"  {name}: covariance, d={p.d}, estimator auto: a DP person count "
                     f"({p.count_budget.epsilon:.4g} of epsilon), then {bhs}, else the clipped estimator (the "
                     f"scale-free multivariate mean at {p.clipped_plan().mean_plan().budget.epsilon:.4g} of epsilon, "
-                    "which needs about 3,000 persons at d = 4 when the statistic's epsilon is 0.9, more at a smaller "
+                    "which needs about 2,000 persons at d = 4 when the statistic's epsilon is 0.9, more at a smaller "
                     "epsilon, then Gaussian noise on the "
-                    "clipped second moment; the second stage is not charged if the first is INSUFFICIENT_DATA)")
+                    "clipped second and first moments and the count, with per-entry 90% error bars; the second "
+                    "stage is not charged if the first is INSUFFICIENT_DATA)")
         if not isinstance(p, ClippedCovariancePlan):
             return super().describe(name, p)
         return (f"  {name}: clipped covariance, d={p.d}: the scale-free multivariate mean first "
-                f"({p.mean_plan().budget.epsilon:.4g} of epsilon; needs about 3,000 persons at d = 4 when the "
+                f"({p.mean_plan().budget.epsilon:.4g} of epsilon; needs about 2,000 persons at d = 4 when the "
                 "statistic's epsilon is 0.9, more at a smaller epsilon; "
                 "else INSUFFICIENT_DATA and the second stage is not charged), then Gaussian noise on the "
-                "clipped second moment")
+                "clipped second and first moments and the count, with per-entry 90% error bars")
 
     def run(self, stat, plan, ctx: RunContext) -> Release:
         if isinstance(plan, AutoCovariancePlan):
