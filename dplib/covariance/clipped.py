@@ -77,6 +77,13 @@ RADIUS_NU_FLOOR = 2.5
 STAGE1_CENTRE_SHARE = 0.05
 STAGE1_SCALES_SHARE = 0.10
 STAGE1_NORM_SHARE = 0.05
+#: Cap on stage 1's final mean stage (of stage 1's epsilon): its mean only centres stage 2's
+#: clipping, whose first moment corrects the centring; the rest goes to stage 2. Measured (auto,
+#: eps 0.9, d = 4, 40 seeds; benchmarks/results/covariance_clipped.md): uncapped (~0.76 when no
+#: retry ran) / 0.25 / 0.10: 4,700 persons median 0.040 / 0.037 / 0.034, t5 0.058 / 0.052 / 0.048,
+#: nlswork 0.115 / 0.104 / 0.100, 2,000 unchanged (the retries leave less than the cap). Without
+#: the final stage at all (clipping about the coarse centre) a bad centre flattened the covariance.
+STAGE1_FINAL_SHARE_MAX = 0.10
 #: Public clamps applied to stage 1's outputs before they parameterise stage 2 (post-processing):
 #: scales in [TINY, HUGE]; the radius (scaled units) in [MIN_OUTER_RADIUS, RADIUS_MAX], so that the
 #: clip factor R / ||x|| never falls into subnormal floats (||x|| <= 1e300 sqrt(d) after the clamp)
@@ -129,13 +136,16 @@ class ClippedCovariancePlan:
         # defaults, and its second range retry on (releases from ~2,000 persons at d = 4, eps 0.9)
         return ScaleFreeMultivariatePlan(Budget(eps * MEAN_SHARE, delta / 2.0), self.d, self.k, group=self.group,
                                          centre_share=STAGE1_CENTRE_SHARE, scales_share=STAGE1_SCALES_SHARE,
-                                         norm_share=STAGE1_NORM_SHARE)
+                                         norm_share=STAGE1_NORM_SHARE, final_share_max=STAGE1_FINAL_SHARE_MAX)
 
     def charges(self, prefix: str = "") -> list[Charge]:
-        """Nominal charges in order; their composed cost is the budget."""
+        """Nominal charges in order; their composed cost is the budget. Stage 2 is listed with what
+        stage 1's listed stages leave and charged what stage 1 actually left (at least that)."""
         eps, delta = self.budget.epsilon, self.budget.delta
-        second = Charge(f"{prefix}{STAGE_SECOND}", Budget(eps * (1.0 - MEAN_SHARE), delta / 2.0), self.group)
-        return self.mean_plan().charges(prefix + STAGE_MEAN) + [second]
+        first = self.mean_plan().charges(prefix + STAGE_MEAN)
+        eps1, delta1 = composed_cost(first)
+        second = Charge(f"{prefix}{STAGE_SECOND}", Budget(eps - eps1, delta - delta1), self.group)
+        return first + [second]
 
     def cost(self) -> Budget:
         eps, delta = composed_cost(self.charges())
@@ -371,6 +381,11 @@ def clipped_covariance(
             eps, delta, params,
         )
     p1 = mean_rel.parameters
+    # stage 2 gets what stage 1 left (at least its listed share); its Gaussian calibrated for that
+    # before the charge (the listed one was calibrated before anything was charged)
+    spent_eps, spent_delta = composed_cost(accountant.charges[start:])
+    budget2 = Budget(plan.budget.epsilon - spent_eps, plan.budget.delta - spent_delta)
+    sigma_unit = gaussian_sigma(1.0, budget2.epsilon, budget2.delta)
     # stage 1's DP outputs, clamped into public finite ranges (post-processing)
     mu = np.clip(np.nan_to_num(np.asarray(mean_rel.estimate, float), nan=0.0), -1e300, 1e300)
     scales = np.clip(np.nan_to_num(np.asarray(p1["scales_used"], float), nan=1.0, posinf=HUGE), TINY, HUGE)
@@ -381,7 +396,7 @@ def clipped_covariance(
         radius = mean_radius
     radius = float(np.clip(np.nan_to_num(radius, nan=1.0, posinf=RADIUS_MAX), MIN_OUTER_RADIUS, RADIUS_MAX))
 
-    accountant.charge(second.stage, second.budget, second.group)
+    accountant.charge(second.stage, budget2, second.group)
     released, sigma, w, c = second_moment_release(backend, cols, mu, radius, plan.group, scales, sigma_unit, noise)
     n_pairs = d * (d + 1) // 2
     noisy, first, n_noisy = released[:n_pairs], released[n_pairs:n_pairs + d] / c, float(released[-1]) / w
@@ -412,7 +427,9 @@ def clipped_covariance(
             "second_moment_sigma_scaled": sigma / denom,
             "count_weight": w,
             "first_moment_weight": c,
+            "second_moment_epsilon": budget2.epsilon,
             "stage1_tail_flag": bool(p1.get("tail_flag", False)),
+            "stage1_tail_nu_used": p1.get("tail_nu_used"),
             # the release's flag (the releases table's `flagged` column): stage 1 read the persons'
             # norms as heavy-tailed, so the clipping radius may cut much of the spread
             "tail_flag": bool(p1.get("tail_flag", False)),

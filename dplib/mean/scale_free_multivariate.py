@@ -147,6 +147,10 @@ class ScaleFreeMultivariatePlan:
     centre_share: float = CENTRE_SHARE
     scales_share: float = SCALES_SHARE
     norm_share: float = NORM_SHARE
+    #: At most this share of epsilon for the final stage (None: all that is left). The plan's
+    #: charges then compose to less than ``budget`` when the other stages leave more; the caller
+    #: spends the rest (the clipped covariance: its second moment).
+    final_share_max: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, Budget):
@@ -158,6 +162,9 @@ class ScaleFreeMultivariatePlan:
         v = self.range_retry2_share
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
             raise InvalidParameterError(f"range_retry2_share must be in [0, 1), got {v!r}")
+        v = self.final_share_max
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0):
+            raise InvalidParameterError(f"final_share_max must be in (0, 1) or None, got {v!r}")
         if self._final_share_min() <= 0.0:
             raise InvalidParameterError("the range, centre, scale and norm shares (the last three doubled after a retry) "
                                         "leave no share for the final stage")
@@ -172,6 +179,10 @@ class ScaleFreeMultivariatePlan:
         check_range_quantile(self.range_quantile, "range_quantile")
         # every mechanism's public parameters must be finite before anything is reserved
         gaussian_sigma(1.0, self.budget.epsilon * self._final_share_min(), self.budget.delta / 2.0)
+
+    def _final_share_listed(self) -> float:
+        """The final stage's nominal share: what the others leave at most, or the cap."""
+        return self._final_share_min() if self.final_share_max is None else self.final_share_max
 
     def _final_share_min(self) -> float:
         return (1.0 - self.range_share - self.range_retry_share - self.range_retry2_share
@@ -196,7 +207,7 @@ class ScaleFreeMultivariatePlan:
             (STAGE_CENTRE, self.centre_share * b, 0.0),
             (STAGE_SCALES, self.scales_share * b, 0.0),
             (STAGE_NORMS, self.norm_share * b, 0.0),
-            (STAGE_FINAL, self._final_share_min(), delta / 2.0),
+            (STAGE_FINAL, self._final_share_listed(), delta / 2.0),
         ]
         return [Charge(f"{prefix}{name}", Budget(eps * share, dl), self.group) for name, share, dl in parts]
 
@@ -428,6 +439,8 @@ def scale_free_multivariate_mean(
     # 5. final joint clip-and-noise with what is left of the budget
     spent, _ = composed_cost(accountant.charges[start:])
     eps_final = eps_total - spent
+    if plan.final_share_max is not None:
+        eps_final = min(eps_final, plan.final_share_max * eps_total)
     delta_final = charges[STAGE_FINAL].budget.delta
     n_hat = max(max(r.noisy_total for r in ranges), profile.total, 1.0)
     unit = gaussian_sigma(math.sqrt(1.0 + COUNT_WEIGHT**2), eps_final, delta_final)

@@ -360,3 +360,23 @@ def test_clip_of_tiny_norms_raises_no_warning():
         warnings.simplefilter("error")
         out = clip_deviations(np.array([[1e-320, 0.0], [3.0, 4.0]]), np.zeros(2), 1e10)
     assert np.array_equal(out, np.array([[1e-320, 0.0], [3.0, 4.0]]))
+
+
+def test_final_share_cap():
+    """``final_share_max``: the final stage is listed at the cap and charged at most cap x epsilon
+    (the rest stays unspent for the caller); out-of-range caps are refused."""
+    rng = np.random.default_rng(2)
+    y = rng.standard_normal((5000, 2)) * [1.0, 4.0] + [3.0, -20.0]
+    plan = ScaleFreeMultivariatePlan(Budget(1.0, 1e-6), 2, final_share_max=0.2)
+    listed = {c.stage: c.budget.epsilon for c in plan.charges()}
+    assert listed[STAGE_FINAL] == pytest.approx(0.2)
+    acc = Accountant(Budget(1.0, 1e-6))
+    rel = scale_free_multivariate_mean(NumpyAggregates({"a": y[:, 0], "b": y[:, 1]}, rng.integers(0, 2**32, 5000)),
+                                       ["a", "b"], plan, SeededNoise(3), acc)
+    assert rel.status == STATUS_OK
+    final = [c.budget.epsilon for c in acc.charges if c.stage == STAGE_FINAL]
+    assert final == [pytest.approx(0.2)] and rel.epsilon < 1.0
+    assert np.all(np.abs(rel.estimate - y.mean(0)) <= 5.0 * rel.error_bar)
+    for bad in (0.0, 1.0, True, "0.2"):
+        with pytest.raises(InvalidParameterError, match="final_share_max"):
+            ScaleFreeMultivariatePlan(Budget(1.0, 1e-6), 2, final_share_max=bad)
