@@ -8,15 +8,16 @@ scaled deviations.
 ====  =======================  ==================  ============================================
  #    stage                     budget              mechanism
 ====  =======================  ==================  ============================================
- 1    mean                      (MEAN_SHARE eps,    the scale-free multivariate mean
-                                 delta/2; 0.5)       (:func:`dplib.mean.scale_free_multivariate
+ 1    mean                      at most (MEAN_SHARE the scale-free multivariate mean
+                                 eps, delta/2; 0.5)  (:func:`dplib.mean.scale_free_multivariate
                                                      .scale_free_multivariate_mean`, its centre,
                                                      scale and norm stages at STAGE1_*_SHARE,
-                                                     second range retry on): DP mean mu,
+                                                     second range retry on, its final stage
+                                                     at most STAGE1_FINAL_SHARE_MAX): DP mean mu,
                                                      coordinate scales s, l2 radius R (scaled
                                                      units), noisy person count n~
- 2    second moment             the rest,           Gaussian on (sum_i vech(u_i u_i^T), c sum_i
-                                 (eps2, delta/2)     u_i, w n), u_i the deviation (Y_i - mu) / s
+ 2    second moment             what stage 1 left   Gaussian on (sum_i vech(u_i u_i^T), c sum_i
+                                 (eps2, delta2)      u_i, w n), u_i the deviation (Y_i - mu) / s
                                                      clipped to the l2 ball of radius R' (fixed
                                                      point, exact sums), c = R'/2, w = R'^2 / 4;
                                                      R' from stage 1's norm model for a second
@@ -339,7 +340,7 @@ def clipped_covariance(
 
     Privacy
     -------
-    Add/remove one person. Stage 1 is (eps MEAN_SHARE, delta/2)-DP (the multivariate mean's own
+    Add/remove one person. Stage 1 is at most (eps MEAN_SHARE, delta/2)-DP (the multivariate mean's own
     guarantee). Stage 2: one person's fixed-point ``vech(u u^T)`` has l2 norm at most
     ``||u||^2 <= R^2`` (``||vech(A)||_2 <= ||A||_F`` and ``||u u^T||_F = ||u||^2``) plus rounding
     (:func:`dplib.aggregates.outer_sum_l2_sensitivity`), its weighted first moment ``c u`` at most
@@ -347,7 +348,9 @@ def clipped_covariance(
     moves by ``w``: the joint vector's l2 sensitivity is the root of their sum of squares (times
     ``1 + 2^-20`` for the float products ``c S`` and ``w n``); mu, s and R are stage 1's DP outputs
     clamped to public finite ranges (post-processing; R' is a function of them), so the analytic
-    Gaussian mechanism at (eps2, delta/2) makes stage 2 DP. Basic composition: (epsilon, delta)-DP.
+    Gaussian mechanism at (eps2, delta2) = (epsilon, delta) minus what stage 1 charged (a function
+    of its DP outcomes, charged before the noise) makes stage 2 DP. Basic composition:
+    (epsilon, delta)-DP.
     The error bar is post-processing of DP outputs.
 
     References
