@@ -88,9 +88,10 @@ STAGE1_FINAL_SHARE_MAX = 0.10
 #: Public clamps applied to stage 1's outputs before they parameterise stage 2 (post-processing):
 #: scales in [TINY, HUGE]; the radius (scaled units) in [MIN_OUTER_RADIUS, RADIUS_MAX], so that the
 #: clip factor R / ||x|| never falls into subnormal floats (||x|| <= 1e300 sqrt(d) after the clamp)
-#: and R^2 stays far from overflow. Stage 1's radii lie in [2^-6, 128 sqrt(d)] anyway.
+#: and the sensitivity's R^4 (squared inside its hypotenuse) stays finite. Stage 1's radii lie in
+#: [2^-6, 256 sqrt(d)] anyway.
 TINY, HUGE = 1e-120, 1e120
-RADIUS_MAX = 1e100
+RADIUS_MAX = 1e75
 #: Level of the per-entry error bars.
 ERROR_LEVEL = 0.9
 STATUS_OK = "OK"
@@ -195,7 +196,8 @@ def second_moment_vector(backend: Aggregates, columns: list[str], mu: np.ndarray
     The clipped first moment and the person count ride along in the same Gaussian release: the
     first moment removes ``(mean - mu)(mean - mu)^T`` (stage 1's error, squared) from the estimate,
     so stage 1's own final stage matters little; stage 1's count comes from its thin final stage
-    (27% off in one run at 2,000 persons). Both clipped sums clip the same fixed-point deviations.
+    (27% off in one run at 2,000 persons). Both clipped sums clip the same deviations (same centre,
+    scales and radius).
     Sensitivity: the hypotenuse of the outer sum's
     (:func:`~dplib.aggregates.outer_sum_l2_sensitivity`), ``c`` times the clipped sum's
     (:func:`~dplib.aggregates.clipped_sum_l2_sensitivity`) and ``w``, times ``1 + 2^-20`` for the
@@ -209,8 +211,7 @@ def second_moment_vector(backend: Aggregates, columns: list[str], mu: np.ndarray
     c = FIRST_WEIGHT * radius
     sens = math.sqrt(outer_sum_l2_sensitivity(radius, d) ** 2 + (c * clipped_sum_l2_sensitivity(radius, d)) ** 2
                      + w * w) * (1.0 + 2.0**-20)
-    vec = np.concatenate([clamp_exact(np.asarray(exact, float)), c * clamp_exact(np.asarray(first, float)),
-                          [w * float(n_exact)]])
+    vec = clamp_exact(np.concatenate([np.asarray(exact, float), c * np.asarray(first, float), [w * float(n_exact)]]))
     return vec, sens, w, c
 
 
@@ -234,7 +235,7 @@ def second_moment_radius(norm_model, d: int, sigma_unit: float) -> float | None:
     bias of the second moment, ``E[(||x||^2 - R^2)+]``
     (:meth:`~dplib.mean.tails.StudentTail.second_moment_excess`: a bound on the Frobenius norm of
     what clipping removes, per person), plus the expected Frobenius norm of stage 2's noise over the
-    person count, ``R^2 sqrt(1 + COUNT_WEIGHT^2) sigma_unit d / n`` (d^2 entries of a symmetric
+    person count, ``R^2 sqrt(1 + COUNT_WEIGHT^2 + FIRST_WEIGHT^2) sigma_unit d / n`` (d^2 entries of a symmetric
     matrix from d (d + 1) / 2 draws: sum of variances d + d (d - 1) = d^2). The mean's own radius
     trades a noise growing as R; the second moment's grows as R^2 (a 12,000-person covariance
     clipped at 17-26 scaled units, against ~5 needed, 1 run in 100). The tail beyond the measured
@@ -245,7 +246,8 @@ def second_moment_radius(norm_model, d: int, sigma_unit: float) -> float | None:
     # the point fit of the tail index (at least RADIUS_NU_FLOOR) beyond what the profile measured,
     # as the variance's radius: the one-sd lower bound (~2.1 in the runs that clipped at 17-26)
     # makes the bound on the second moment's clipping fall so slowly that the top of the grid wins
-    model = dataclasses.replace(norm_model.model, nu_lower=max(float(norm_model.model.nu), RADIUS_NU_FLOOR))
+    nu = float(norm_model.model.nu)
+    model = dataclasses.replace(norm_model.model, nu_lower=max(nu, RADIUS_NU_FLOOR) if math.isfinite(nu) else RADIUS_NU_FLOOR)
     coefficient = math.sqrt(1.0 + COUNT_WEIGHT**2 + FIRST_WEIGHT**2) * sigma_unit * d / max(norm_model.n_hat, 1.0)
     return norm_model.radius(model.second_moment_excess, coefficient, 2)
 
@@ -265,7 +267,9 @@ def clipping_bound(norm_model, radius: float, offset: float) -> tuple[float, flo
     # one-sd lower bound gave bars 3-20x the p90 error (and none at all on some Gaussian runs, its
     # index at or below 2); the point fit covers 98.5% of entries on t5 data with bars 1.8x p90.
     model = norm_model.bound_model if norm_model.bound_model is not None else norm_model.model
-    model = dataclasses.replace(model, nu_lower=max(float(model.nu), RADIUS_NU_FLOOR), nu_bar=math.nan)
+    nu = float(model.nu)
+    model = dataclasses.replace(model, nu_lower=max(nu, RADIUS_NU_FLOOR) if math.isfinite(nu) else RADIUS_NU_FLOOR,
+                                nu_bar=math.nan)
     t = max(radius - offset, 0.0)
     b1 = float(model.bias(t))
     b2 = float(model.second_moment_excess(t)) + 2.0 * offset * b1
@@ -283,7 +287,7 @@ def entry_error_bar(second: np.ndarray, shift: np.ndarray, projection_move: np.n
     ``sigma sqrt(1 + (A_jk - m_j m_k)^2 / w^2 + (m_j^2 + m_k^2) / c^2)`` (``4 m_j^2 / c^2`` on the
     diagonal; A_jk - m_j m_k = M_jk/n - 2 m_j m_k is the count's coefficient), taken at z_0.95, plus
     the product of the two first-moment noises (``(z sigma / c)^2``). Clipping at R changes the
-    covariance of the clipped deviations by ``-B - (x-bar e^T + e x-bar^T) + e e^T`` with
+    covariance of the clipped deviations by ``-B + (x-bar e^T + e x-bar^T) - e e^T`` with
     ``B = E[(1 - R^2/||x||^2)+ x x^T]`` (PSD, trace at most b2: ``|B_jk| <= b2``) and ``||e|| <= b1``;
     ``||x-bar|| <= ||m~|| + b1 + z sigma sqrt(d) / c``. In data units each term times
     ``s_j s_k``; the projection's move ``|P(A) - A|_jk`` is added as computed."""
@@ -431,6 +435,7 @@ def clipped_covariance(
             "count_weight": w,
             "first_moment_weight": c,
             "second_moment_epsilon": budget2.epsilon,
+            "second_moment_delta": budget2.delta,
             "stage1_tail_flag": bool(p1.get("tail_flag", False)),
             "stage1_tail_nu_used": p1.get("tail_nu_used"),
             # the release's flag (the releases table's `flagged` column): stage 1 read the persons'

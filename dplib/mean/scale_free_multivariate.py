@@ -165,6 +165,9 @@ class ScaleFreeMultivariatePlan:
         v = self.final_share_max
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0):
             raise InvalidParameterError(f"final_share_max must be in (0, 1) or None, got {v!r}")
+        if v is not None and v > self._final_share_min():
+            raise InvalidParameterError(f"final_share_max ({v!r}) must not exceed what the other stages leave "
+                                        f"after retries ({self._final_share_min():.4g})")
         if self._final_share_min() <= 0.0:
             raise InvalidParameterError("the range, centre, scale and norm shares (the last three doubled after a retry) "
                                         "leave no share for the final stage")
@@ -178,7 +181,8 @@ class ScaleFreeMultivariatePlan:
             object.__setattr__(self, "k", check_moment_order(self.k))
         check_range_quantile(self.range_quantile, "range_quantile")
         # every mechanism's public parameters must be finite before anything is reserved
-        gaussian_sigma(1.0, self.budget.epsilon * self._final_share_min(), self.budget.delta / 2.0)
+        gaussian_sigma(1.0, self.budget.epsilon * min(self._final_share_min(), self._final_share_listed()),
+                       self.budget.delta / 2.0)
 
     def _final_share_listed(self) -> float:
         """The final stage's nominal share: what the others leave at most, or the cap."""
@@ -192,8 +196,9 @@ class ScaleFreeMultivariatePlan:
         """Nominal charges in order (the privacy cost before any data is read).
 
         The retry is charged only if it runs; the centre, scale and norm stages take their larger
-        (listed) shares only after a retry; the final stage is charged what is left. The total is
-        the budget.
+        (listed) shares only after a retry; the final stage is charged what is left, or at most
+        ``final_share_max`` when set (then listed at it, and the total can be less than the budget:
+        the caller spends the rest). Otherwise the total is the budget.
         """
         eps, delta = self.budget.epsilon, self.budget.delta
         b = SMALL_DATA_BOOST
