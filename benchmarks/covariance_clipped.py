@@ -33,23 +33,9 @@ def synthetic(n: int, heavy: bool, seed: int) -> np.ndarray:
 
 
 def run(y: np.ndarray, eps: float, seed: int, estimator: str = "clipped"):
-    d = y.shape[1]
-    cols = [f"y{j}" for j in range(d)]
-    rng = np.random.default_rng(10_000 + seed)
-    ids = rng.integers(0, 2**32, y.shape[0])
-    be = NumpyAggregates({c: y[:, j] for j, c in enumerate(cols)}, ids)
-    if estimator == "auto":  # the default of kind: covariance (a DP count picks BHS23 or the clipped estimator)
-        from dplib.covariance.auto import AutoCovariancePlan, auto_covariance
-        from dplib.covariance.person import NumpyPersonVectors
-
-        vec = NumpyPersonVectors(ids, y, f"{seed + 1:064x}")
-        rel = auto_covariance(be, vec, cols, AutoCovariancePlan(Budget(eps, 1e-6), d), SeededNoise(seed))
-    else:
-        rel = clipped_covariance(be, cols, ClippedCovariancePlan(Budget(eps, 1e-6), d), SeededNoise(seed))
-    if rel.status != "OK":
-        return None
-    true = np.cov(y.T, bias=True)
-    return float(np.linalg.norm(rel.covariance - true) / np.linalg.norm(true))
+    """Relative Frobenius error of one release, or None when nothing was released."""
+    out = run_with_bars(y, eps, seed, estimator)
+    return None if out is None else out[0]
 
 
 def run_with_bars(y: np.ndarray, eps: float, seed: int, estimator: str = "clipped"):
