@@ -215,7 +215,7 @@ def person_sum(
                   "error bar")
     elif setup.tail_flag:
         covers += ("; WARNING (tail_flag): the persons' totals look heavy-tailed ("
-                   f"{tail_flag_reason(setup.fitted_nu, setup.overflow)}); the "
+                   f"{tail_flag_reason(setup.model.nu, setup.overflow)}); the "
                    "bias bound assumes that tail continues as fitted, which the data may break")
     eps, delta = composed_cost(accountant.charges[start:])
     params.update({

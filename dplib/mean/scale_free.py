@@ -42,8 +42,9 @@ excesses. One-sided tails (delays, costs: all the far persons on one side) keep 
 radius. The error bar covers the exact dataset statistic (mean over all persons of each person's
 mean): Laplace noise of the fine stage (sum and count) plus a bound on the clipping bias from the
 tail model, beyond what the profile measures no lighter than ``x^-1.5`` where the fit is heavy
-(:func:`~dplib.mean.scale_free_stages.bar_tail`; the radius takes ``x^-2``). A fitted tail heavier than ``x^-2`` (infinite
-variance) or persons beyond the profile's top edge set ``tail_flag``: the bar then rests on an
+(:func:`~dplib.mean.scale_free_stages.bar_tail`; the radius takes ``x^-2``). A fitted tail heavier than ``x^-1.75`` (point fit),
+persons beyond the profile's top edge (a share above 1%, or its overflow bin's noisy count above 3
+noise sds) or mass above its highest visible bin (3 noise sds) set ``tail_flag``: the bar then rests on an
 assumption the data may break, and the release says so.
 """
 
@@ -355,7 +356,7 @@ def scale_free_person_mean(
     if half is not None and tail_flag:
         covers += (
             "; WARNING (tail_flag): the persons' means look heavy-tailed ("
-            f"{tail_flag_reason(fitted_nu, overflow)}); the bias "
+            f"{tail_flag_reason(model.nu, overflow)}); the bias "
             "bound assumes that tail continues as fitted, which the data may break"
         )
     eps, delta = composed_cost(accountant.charges[start:])

@@ -499,7 +499,7 @@ def scale_free_multivariate_mean(
         if tail_flag:
             covers += (
                 "; WARNING (tail_flag): the deviation norms look heavy-tailed ("
-                f"{tail_flag_reason(fitted_nu, overflow, 'norm histogram')}); the bias bound "
+                f"{tail_flag_reason(model.nu, overflow, 'norm histogram')}); the bias bound "
                 "assumes that tail continues as fitted, which the data may break"
             )
     noise_sd = fin.sigma / fin.denom * scales

@@ -1,0 +1,122 @@
+"""The tail flag (``parameters.tail_flag``, the ``flagged`` column) of the scale-free mean, on the
+hardening issue's inputs and on ordinary data (seeded, numpy backend; one person mean per person).
+
+1. Inputs whose persons break the bar's tail assumption (1% of 10,000 persons at +-1e20, 5% of
+   records at +-1e308): every OK release either covers the exact dataset statistic or is flagged.
+   Before the overflow bin's own test, 2% of 3,000 persons at +-1e20 released unflagged with a bar
+   1e20 times too short in 4 of 10 runs. The test's reach: the profile (epsilon 0.1 of 1) sees
+   the overflow bin's persons beyond 3 noise sds (42 persons), so about 60 far persons are seen
+   in ~92% of runs and 100 in all but ~0.2%.
+2. Ordinary light-tailed person means (Gaussian; Gamma(3) = mean of three exponential records):
+   the flag goes up in at most ~5% of runs. Power: the same count on Lomax(1.5) person means
+   (infinite variance) flags nearly every run, and the former rule (the fit's one-sd lower bound
+   below 2, hidden mass at 2 sds) exceeds the light-tail limit on the Gamma cell.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import dplib.mean.scale_free_stages as S
+from dplib.aggregates import NumpyAggregates
+from dplib.budget import Accountant, Budget
+from dplib.mean.ranges import DeviationProfile
+from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
+from dplib.mean.univariate import STATUS_OK
+from dplib.mechanisms import SeededNoise
+
+N_PERSONS = 3000
+BUDGET = Budget(1.0, 1e-6)
+#: summary clamp of record values (dplib.summary): the exact statistic of clamped records
+CLAMP = 3.17e29
+
+
+def _release(person_means: np.ndarray, seed: int):
+    rng = np.random.default_rng([77, seed])
+    be = NumpyAggregates({"v": person_means}, rng.integers(0, 2**32, size=person_means.size))
+    return scale_free_person_mean(be, "v", ScaleFreeMeanPlan(budget=BUDGET), SeededNoise(seed), Accountant(BUDGET))
+
+
+FAR_PERSONS = 10_000
+
+
+def _far_persons(seed: int) -> np.ndarray:
+    rng = np.random.default_rng([1, seed])
+    y = rng.normal(10.0, 1.0 / math.sqrt(3), FAR_PERSONS)
+    far = rng.choice(FAR_PERSONS, FAR_PERSONS // 100, replace=False)
+    y[far] = np.where(rng.random(far.size) < 0.5, 1e20, -1e20)
+    return y
+
+
+def _far_records(seed: int) -> np.ndarray:
+    rng = np.random.default_rng([2, seed])
+    rec = rng.normal(10.0, 1.0, (N_PERSONS, 3))
+    far = rng.random(rec.shape) < 0.05
+    rec[far] = np.where(rng.random(int(far.sum())) < 0.5, 1e308, -1e308)
+    return np.clip(rec, -CLAMP, CLAMP).mean(axis=1)
+
+
+@pytest.mark.parametrize("make", [_far_persons, _far_records], ids=["1% persons at 1e20", "5% records at 1e308"])
+def test_no_unflagged_release_whose_bar_misses(make):
+    seen = 0
+    for seed in range(12):
+        y = make(seed)
+        r = _release(y, seed)
+        if r.status != STATUS_OK:
+            continue
+        seen += 1
+        covered = r.error_bar is not None and abs(r.estimate - float(np.mean(y))) <= r.error_bar
+        assert covered or r.parameters["tail_flag"], (seed, r.estimate, r.error_bar, float(np.mean(y)))
+    assert seen >= 10
+
+
+LIGHT = {
+    "gaussian": lambda rng: rng.normal(10.0, 1.0, N_PERSONS),
+    "gamma3": lambda rng: rng.exponential(1.0, (N_PERSONS, 3)).mean(axis=1),
+}
+FLAG_REPS = 60
+#: at most this many flags in FLAG_REPS runs (a true rate of 5% exceeds it with probability 1.5%)
+MAX_LIGHT_FLAGS = 7
+
+
+def _flags(make, reps: int = FLAG_REPS) -> int:
+    return sum(bool(_release(make(np.random.default_rng([3, s])), s).parameters["tail_flag"]) for s in range(reps))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", list(LIGHT))
+def test_flags_on_light_tails_are_rare(cell):
+    assert _flags(LIGHT[cell]) <= MAX_LIGHT_FLAGS
+
+
+@pytest.mark.slow
+def test_flag_power_on_heavy_tails_and_the_former_rule(monkeypatch):
+    assert _flags(lambda rng: rng.pareto(1.5, N_PERSONS), 20) >= 18
+    # the former rule: the one-sd lower bound of nu below 2, hidden mass at 2 sds
+    real = S.tail_from_profile
+
+    def former(profile, epsilon, k, *a, **kw):
+        model, fitted_nu, nu_used, _, overflow = real(profile, epsilon, k, *a, **kw)
+        hidden, sd = S.hidden_mass(profile, epsilon)
+        flag = bool(fitted_nu < 2.0 or overflow > S.OVERFLOW_WARN or hidden > 2.0 * sd)
+        return model, fitted_nu, nu_used, flag, overflow
+
+    monkeypatch.setattr(S, "tail_from_profile", former)
+    assert _flags(LIGHT["gamma3"]) > MAX_LIGHT_FLAGS
+
+
+def test_overflow_seen_at_three_noise_sds():
+    eps = 0.1
+    sd = math.sqrt(2.0) / eps
+    edges = np.array([0.0, 1.0, 2.0, 4.0, np.inf])
+
+    def prof(top):
+        raw = np.array([900.0, 50.0, 3.0, top])
+        return DeviationProfile(edges, np.where(raw > 56.0, raw, 0.0), 56.0, raw)
+
+    assert not S.overflow_seen(prof(3.0 * sd - 0.01), eps)
+    assert S.overflow_seen(prof(3.0 * sd + 0.01), eps)  # below the floor (56), still seen
+    assert prof(3.0 * sd + 0.01).overflow_share() == 0.0
