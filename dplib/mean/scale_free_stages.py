@@ -32,7 +32,6 @@ from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import (
     DEFAULT_EXPONENT_RANGE,
-    HIDDEN_SD,
     check_exponent_range,
     check_octaves,
     check_range_quantile,
