@@ -120,3 +120,18 @@ def test_overflow_seen_at_three_noise_sds():
     assert not S.overflow_seen(prof(3.0 * sd - 0.01), eps)
     assert S.overflow_seen(prof(3.0 * sd + 0.01), eps)  # below the floor (56), still seen
     assert prof(3.0 * sd + 0.01).overflow_share() == 0.0
+
+
+def test_small_data_is_not_refused_when_the_profile_sees_nothing():
+    """100 persons (means N(5, 0.1), epsilon 1): the deviation profile's bins all fall below its
+    floor in most runs. Its overflow share then read 1.0 ("everyone beyond the top"), so 6 of 12
+    runs stopped with INSUFFICIENT_DATA (the beyond-exponent_range refusal) and the rest were
+    flagged. An empty visible profile has no overflow share: at least 27 of 30 runs release (the
+    range stage alone may still release nothing), and at most 3 are flagged for overflow."""
+    ok = overflowed = 0
+    for seed in range(30):
+        y = np.random.default_rng([4, seed]).normal(5.0, math.sqrt(0.1), 100)
+        r = _release(y, seed)
+        ok += r.status == STATUS_OK
+        overflowed += r.parameters.get("profile_overflow_share", 0.0) > S.OVERFLOW_WARN
+    assert ok >= 27 and overflowed <= 3, (ok, overflowed)
