@@ -209,6 +209,18 @@ def test_heavy_tails_flag_the_release():
         assert "WARNING (tail_flag)" in rel.error_covers
 
 
+def _release_on_job_test_data(seed: int):
+    """The 12,000 persons (two records each, d = 2) of the Spark job test, released at (0.9,
+    3.6e-4) with noise ``seed``: (exact covariance of person means, release)."""
+    rng = np.random.default_rng(8)
+    n = 12000
+    a = np.array([[2.0, 0.0], [1.5, 0.5]])
+    y = (rng.standard_normal((n, 2, 2)) @ a.T + [100.0, -7.0]).mean(1)
+    be = NumpyAggregates({"u": y[:, 0], "v": y[:, 1]}, np.random.default_rng(seed + 1000).integers(0, 2**32, n))
+    rel = clipped_covariance(be, ["u", "v"], ClippedCovariancePlan(Budget(0.9, 3.6e-4), 2), SeededNoise(seed))
+    return np.cov(y.T, bias=True), rel
+
+
 @pytest.mark.parametrize("seed", [26, 173])
 def test_a_false_hidden_mass_alarm_does_not_set_the_radius(seed):
     """Regression (a CI run of the Spark job test): on 12,000 light-tailed persons the norm
@@ -216,13 +228,7 @@ def test_a_false_hidden_mass_alarm_does_not_set_the_radius(seed):
     the clipping radius at the top of the profile (181 scaled units) and the release 11x off
     (its noise grows as R^2). These noise seeds raised that alarm: the radius now comes from the
     visible bins and the release is within 25% of the exact covariance of person means."""
-    rng = np.random.default_rng(8)
-    n = 12000
-    a = np.array([[2.0, 0.0], [1.5, 0.5]])
-    y = (rng.standard_normal((n, 2, 2)) @ a.T + [100.0, -7.0]).mean(1)
-    exact = np.cov(y.T, bias=True)
-    be = NumpyAggregates({"u": y[:, 0], "v": y[:, 1]}, np.random.default_rng(seed + 1000).integers(0, 2**32, n))
-    rel = clipped_covariance(be, ["u", "v"], ClippedCovariancePlan(Budget(0.9, 3.6e-4), 2), SeededNoise(seed))
+    exact, rel = _release_on_job_test_data(seed)
     assert rel.parameters["clipping_radius_scaled"] < 20.0
     assert np.linalg.norm(rel.covariance - exact) / np.linalg.norm(exact) < 0.25
 
@@ -234,13 +240,7 @@ def test_the_clipping_radius_is_chosen_for_a_second_moment(seed):
     17-26 scaled units against a largest norm of ~5.5, and the covariance (noise growing as R^2)
     released 23% off. The second-moment radius with the point fit: within 5% of the exact
     covariance (200 seeds of this data: max 0.039, was 0.23)."""
-    rng = np.random.default_rng(8)
-    n = 12000
-    a = np.array([[2.0, 0.0], [1.5, 0.5]])
-    y = (rng.standard_normal((n, 2, 2)) @ a.T + [100.0, -7.0]).mean(1)
-    exact = np.cov(y.T, bias=True)
-    be = NumpyAggregates({"u": y[:, 0], "v": y[:, 1]}, np.random.default_rng(seed + 1000).integers(0, 2**32, n))
-    rel = clipped_covariance(be, ["u", "v"], ClippedCovariancePlan(Budget(0.9, 3.6e-4), 2), SeededNoise(seed))
+    exact, rel = _release_on_job_test_data(seed)
     # the case this guards: the norm tail's one-sd lower index near 2 (a second-moment bound from
     # it falls slowly: the old rule's radius went far out)
     assert rel.parameters["stage1_tail_nu_used"] < 3.0
