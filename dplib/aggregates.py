@@ -424,6 +424,21 @@ class NumpyAggregates:
         r2 = float(radius) * float(radius)
         return np.array([float(t) for t in total]) * (r2 / QUANT_SCALE), int(rows.shape[0])
 
+    def clipped_moment_sums(
+        self,
+        columns: Sequence[str],
+        center: np.ndarray,
+        radius: float,
+        group: GroupRange,
+        scales: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """:meth:`clipped_sum` and :meth:`clipped_outer_sum` of the same persons in one call
+        (the Spark backend reads its summary once): ``(first (d,), outer (d (d + 1) / 2,), n)``."""
+        check_outer_radius(radius)
+        first, n = self.clipped_sum(columns, center, radius, group, scales)
+        outer, _ = self.clipped_outer_sum(columns, center, radius, group, scales)
+        return first, outer, n
+
     def clipped_sum(
         self,
         columns: Sequence[str],

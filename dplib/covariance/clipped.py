@@ -202,10 +202,14 @@ def second_moment_vector(backend: Aggregates, columns: list[str], mu: np.ndarray
     (:func:`~dplib.aggregates.outer_sum_l2_sensitivity`), ``c`` times the clipped sum's
     (:func:`~dplib.aggregates.clipped_sum_l2_sensitivity`) and ``w``, times ``1 + 2^-20`` for the
     float products ``c S`` and ``w n``: ``sqrt(1 + 1/4 + 1/16) R^2``, 15% above the outer sum's."""
-    exact, n_exact = backend.clipped_outer_sum(columns, mu, radius, group, scales)
-    first, n_first = backend.clipped_sum(columns, mu, radius, group, scales)
-    if n_first != n_exact:  # the same persons (those with every column) in both
-        raise RuntimeError("the clipped sum and the clipped outer sum read different persons")
+    both = getattr(backend, "clipped_moment_sums", None)
+    if both is not None:  # one pass over the summary (numpy and Spark backends)
+        first, exact, n_exact = both(columns, mu, radius, group, scales)
+    else:  # a backend without it (the grouped adapters): two reads of the same persons
+        exact, n_exact = backend.clipped_outer_sum(columns, mu, radius, group, scales)
+        first, n_first = backend.clipped_sum(columns, mu, radius, group, scales)
+        if n_first != n_exact:  # the same persons (those with every column) in both
+            raise RuntimeError("the clipped sum and the clipped outer sum read different persons")
     d = len(columns)
     w = COUNT_WEIGHT * radius * radius
     c = FIRST_WEIGHT * radius

@@ -285,6 +285,34 @@ class SparkAggregates:
             return np.zeros(len(pairs)), 0
         return np.array([float(t) for t in total]) * (float(radius) * float(radius) / QUANT_SCALE), n
 
+    def clipped_moment_sums(
+        self,
+        columns: Sequence[str],
+        center: np.ndarray,
+        radius: float,
+        group: GroupRange,
+        scales: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """:meth:`clipped_sum` and :meth:`clipped_outer_sum` of the same clipped deviations in one
+        aggregation (one pass over the summary instead of two), each sum bit for bit as its own
+        method: ``(first (d,), outer (d (d + 1) / 2,), n)``."""
+        c = check_clip_args(columns, center, radius)
+        sc = check_scales(scales, len(columns))
+        check_outer_radius(radius)
+        d = len(columns)
+        df = self._clipped(self._deviations(columns, c, sc, group), d, float(radius))
+        rho, r2 = F.lit(float(radius)), F.lit(float(radius) * float(radius))
+        first = [F.bround(F.col(f"_u{j}") / rho * F.lit(QUANT_SCALE), 0).cast("long") for j in range(d)]
+        pairs = [(j, k) for j in range(d) for k in range(j, d)]
+        outer = [F.bround((F.col(f"_u{j}") * F.col(f"_u{k}")) / r2 * F.lit(QUANT_SCALE), 0).cast("long")
+                 for j, k in pairs]
+        n, total = exact_sums(df, first + outer, self._collect)
+        if n == 0:
+            return np.zeros(d), np.zeros(len(pairs)), 0
+        sums = np.array([float(t) for t in total])
+        return (sums[:d] * (float(radius) / QUANT_SCALE),
+                sums[d:] * (float(radius) * float(radius) / QUANT_SCALE), n)
+
     def clipped_sum(
         self,
         columns: Sequence[str],

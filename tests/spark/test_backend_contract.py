@@ -93,6 +93,17 @@ def test_clipped_outer_sums_equal(persons, group, cols, center, radius, scales):
     assert n_sp == n_np and s_sp.shape == (len(cols) * (len(cols) + 1) // 2,)
     np.testing.assert_array_equal(s_sp, s_np)
     assert np.all(np.isfinite(s_sp))
+    # both moments in one pass: each bit for bit as its own method, in both backends
+    before = sp_b.rows_collected
+    f_sp, o_sp, m_sp = sp_b.clipped_moment_sums(cols, np.array(center), radius, group, sc)
+    assert sp_b.rows_collected - before == 1
+    f_np, o_np, m_np = np_b.clipped_moment_sums(cols, np.array(center), radius, group, sc)
+    f_one, n_one = np_b.clipped_sum(cols, np.array(center), radius, group, sc)
+    assert m_sp == m_np == n_one == n_np
+    np.testing.assert_array_equal(o_sp, s_np)
+    np.testing.assert_array_equal(o_np, s_np)
+    np.testing.assert_array_equal(f_sp, f_one)
+    np.testing.assert_array_equal(f_np, f_one)
 
 
 def test_histogram_extremes_clamped(persons):
