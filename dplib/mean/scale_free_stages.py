@@ -239,9 +239,9 @@ def tail_flag_reason(nu_point: float, overflow: float, histogram: str = "deviati
     if nu_point < FLAG_NU:
         return f"fitted tail power {nu_point:.2g} < {FLAG_NU:g}"
     if overflow > OVERFLOW_WARN:
-        return (f"{overflow:.0%} of the persons beyond the top of the {histogram}; with delta = 0 the range "
-                "stage sees only magnitudes inside options.exponent_range (default 2^-40 to 2^60): "
-                "for larger values widen it or use delta > 0")
+        return (f"{overflow:.0%} of the persons beyond the top of the {histogram} (far from the bulk; "
+                "if delta = 0, the range stage sees only magnitudes inside options.exponent_range, "
+                "default 2^-40 to 2^60: for larger values widen it or use delta > 0)")
     return f"noisy mass above the {histogram}'s highest visible bin (or beyond its top)"
 
 
