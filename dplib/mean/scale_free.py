@@ -43,7 +43,7 @@ radius. The error bar covers the exact dataset statistic (mean over all persons 
 mean): Laplace noise of the fine stage (sum and count) plus a bound on the clipping bias from the
 tail model, beyond what the profile measures no lighter than ``x^-1.5`` where the fit is heavy
 (:func:`~dplib.mean.scale_free_stages.bar_tail`; the radius takes ``x^-2``). A fitted tail heavier than ``x^-2`` (point fit),
-persons beyond the profile's top edge (a share above 1%, or its overflow bin's noisy count above 3
+persons beyond the profile's top edge (a share above 1%, or its overflow bin's noisy count above 2.5
 noise sds) or mass above its highest visible bin (3 noise sds) set ``tail_flag``: the bar then rests on an
 assumption the data may break, and the release says so.
 """
@@ -118,7 +118,7 @@ __all__ = [
 ]
 
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
-ALGORITHM_VERSION = "6"  # 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 3 sds, point fit of nu < 2, hidden mass at 3 sds)
+ALGORITHM_VERSION = "6"  # 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
 STAGE_FINE = "fine clip-and-noise"
 STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_CENTRE, STAGE_PROFILE, STAGE_BALANCE, STAGE_FINE)
 #: The radius never exceeds this multiple of how far the profile measures (:func:`measured_reach`).
