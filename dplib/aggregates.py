@@ -436,7 +436,9 @@ class NumpyAggregates:
         (the Spark backend reads its summary once): ``(first (d,), outer (d (d + 1) / 2,), n)``."""
         check_outer_radius(radius)
         first, n = self.clipped_sum(columns, center, radius, group, scales)
-        outer, _ = self.clipped_outer_sum(columns, center, radius, group, scales)
+        outer, n_outer = self.clipped_outer_sum(columns, center, radius, group, scales)
+        if n_outer != n:  # the same persons (those with every column) in both
+            raise RuntimeError("the clipped sum and the clipped outer sum read different persons")
         return first, outer, n
 
     def clipped_sum(

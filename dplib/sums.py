@@ -60,7 +60,7 @@ from dplib.mechanisms import NoiseSource, clamp_exact, inflate, laplace_mechanis
 from dplib.seam import Aggregates
 
 ALGORITHM = "scale-free-clipped-sum"
-ALGORITHM_VERSION = "2"
+ALGORITHM_VERSION = "3"  # 3: tail-flag rules and the empty profile's overflow share (scale-free mean version 6)
 STAGE_SUM = "clipped sum"
 #: Early stages: the mean's range, centre and profile shares, no tail balance (its light-tail cap on
 #: the radius suits a mean, whose clipped excesses offset, not a sum of many persons: 12% larger

@@ -63,7 +63,7 @@ from dplib.seam import Aggregates
 
 ALGORITHM = "scale-free-clipped-variance"
 STDDEV_ALGORITHM = "scale-free-clipped-variance/stddev"
-ALGORITHM_VERSION = "2"
+ALGORITHM_VERSION = "3"  # 3: tail-flag rules and the empty profile's overflow share (scale-free mean version 6)
 STAGE_MOMENTS = "clipped moments"
 #: Early stages: the mean's range and centre shares, a larger profile (the radius and the bias
 #: bound rest on it) and no tail balance. Tuned on benchmarks/sum_variance_anchors.py.

@@ -93,7 +93,7 @@ COUNT_SHARE = 0.05
 #: 1.6 (2x its bar) at ~1,300, where the own stages are within 0.1.
 OWN_STAGES_N_EPS = 300.0
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free-per-group"
-ALGORITHM_VERSION = "2"
+ALGORITHM_VERSION = "3"  # 3: tail-flag rules and the empty profile's overflow share (scale-free mean version 6)
 #: Pooled path: share of the group's rest spent on the first clip-and-noise (around the pooled
 #: centre), which re-centres the second on the group.
 RECENTRE_SHARE = 0.25

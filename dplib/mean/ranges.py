@@ -361,10 +361,15 @@ class DeviationProfile:
         return float(np.sum(self.weights))
 
     def overflow_share(self) -> float:
-        """Share of the visible noisy mass in the overflow bin; 0 when nothing clears the floor
-        (then no share is seen: before, 1.0 here stopped 6 of 12 runs at 100 persons with
-        INSUFFICIENT_DATA and flagged the rest)."""
-        return float(self.weights[-1] / self.total) if self.total > 0 else 0.0
+        """Share of the visible noisy mass in the overflow bin. When nothing clears the floor: 1.0
+        if the overflow bin's raw noisy count is positive and the largest of all bins (the bulk
+        sits beyond the top: 30 persons near 3e29 at delta = 0 released 1e11-1e25 times too small
+        without it), else 0 (a small bulk below the floor: the old 1.0 here stopped 6 of 12 runs
+        at 100 Gaussian persons with INSUFFICIENT_DATA and flagged the rest)."""
+        if self.total > 0:
+            return float(self.weights[-1] / self.total)
+        raw = self.raw_weights if self.raw_weights is not None else self.weights
+        return 1.0 if raw[-1] > 0 and raw[-1] >= float(np.max(raw)) else 0.0
 
 
 def deviation_profile(
@@ -628,7 +633,11 @@ def confirm_isolated_bins(
     if not np.any(drop):
         return profile
     raw = np.asarray(profile.raw_weights, dtype=float) if profile.raw_weights is not None else w
-    return dataclasses.replace(profile, weights=np.where(drop, 0.0, w), raw_weights=np.where(drop, 0.0, raw))
+    # the overflow bin keeps its raw count: persons beyond the top must stay visible to the tail
+    # flag (overflow_seen); dropping it unflagged 80 persons there while 40 were flagged (review)
+    keep_raw = np.arange(n) == n - 1
+    return dataclasses.replace(profile, weights=np.where(drop, 0.0, w),
+                               raw_weights=np.where(drop & ~keep_raw, 0.0, raw))
 
 
 def visible_only(profile: "DeviationProfile") -> "DeviationProfile":

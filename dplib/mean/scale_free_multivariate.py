@@ -83,7 +83,7 @@ from dplib.mechanisms import NoiseSource, gaussian_sigma
 from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-multivariate-person-mean/scale-free"
-ALGORITHM_VERSION = "3"
+ALGORITHM_VERSION = "4"  # 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
 
 STAGE_RANGES = "coordinate ranges"
 STAGE_RANGES_RETRY = "coordinate ranges (retry)"

@@ -139,8 +139,9 @@ def test_small_data_is_not_refused_when_the_profile_sees_nothing():
     """100 persons (means N(5, 0.1), epsilon 1): the deviation profile's bins all fall below its
     floor in most runs. Its overflow share then read 1.0 ("everyone beyond the top"), so 6 of 12
     runs stopped with INSUFFICIENT_DATA (the beyond-exponent_range refusal) and the rest were
-    flagged. An empty visible profile has no overflow share: at least 27 of 30 runs release (the
-    range stage alone may still release nothing), and at most 3 are flagged for overflow."""
+    flagged. An empty visible profile whose overflow bin is not its largest raw bin has no
+    overflow share: at least 27 of 30 runs release (the range stage alone may still release
+    nothing), and at most 3 read as persons beyond the top."""
     ok = overflowed = 0
     for seed in range(30):
         y = np.random.default_rng([4, seed]).normal(5.0, math.sqrt(0.1), 100)
@@ -148,3 +149,20 @@ def test_small_data_is_not_refused_when_the_profile_sees_nothing():
         ok += r.status == STATUS_OK
         overflowed += r.parameters.get("profile_overflow_share", 0.0) > S.OVERFLOW_WARN
     assert ok >= 27 and overflowed <= 3, (ok, overflowed)
+
+
+def test_an_empty_profile_whose_bulk_is_beyond_the_top_is_not_released_unflagged():
+    """30 persons near 3e29 at delta = 0 (beyond the pure range's 2^60): the profile shows nothing
+    above its floor, and its overflow bin holds the bulk. With the empty profile's share read as 0
+    (the fix above) 2 of 60 runs released OK, unflagged, 1e4-1e11 times too small (a review);
+    the largest raw bin in the overflow now counts as everyone beyond the top (refused)."""
+    bad = 0
+    for seed in range(60):
+        rng = np.random.default_rng([5, seed])
+        y = 1e29 * (3.0 + rng.normal(size=30))
+        b = Budget(1.0, 0.0)
+        be = NumpyAggregates({"v": y}, rng.integers(0, 2**32, 30))
+        r = scale_free_person_mean(be, "v", ScaleFreeMeanPlan(budget=b), SeededNoise(seed), Accountant(b))
+        covered = r.error_bar is not None and abs(r.estimate - float(np.mean(y))) <= r.error_bar
+        bad += r.status == STATUS_OK and not r.parameters["tail_flag"] and not covered
+    assert bad <= 1, bad

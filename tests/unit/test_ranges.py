@@ -689,6 +689,10 @@ def test_confirm_isolated_bins_hand_cases():
     # nothing visible: unchanged
     q = _floored_profile([1.0] * n)
     assert confirm_isolated_bins(q) is q
+    # the overflow bin (last) isolated and under the strict floor: its weight is dropped, its raw
+    # count kept (the tail flag's overflow test reads it; dropped, 80 persons there went unflagged)
+    p = confirm_isolated_bins(_floored_profile(body + [1, 0, 0, 0, 11.0]))
+    assert p.weights[11] == 0.0 and p.raw_weights[11] == 11.0
 
 
 def test_visible_only_zeroes_raw_counts_above_the_highest_visible_bin():
