@@ -42,6 +42,21 @@ def exact_sums(df, terms, collect) -> tuple[int, list[int]]:
     return int(row["n"]), [0 if row[f"s{i}"] is None else int(row[f"s{i}"]) for i in range(len(terms))]
 
 
+def first_units(d: int, radius: float) -> list:
+    """Fixed-point units of the clipped deviations ``_u{j}`` (as
+    :func:`dplib.aggregates.quantize_deviations`; ``bround`` = round half to even)."""
+    rho = F.lit(float(radius))
+    return [F.bround(F.col(f"_u{j}") / rho * F.lit(QUANT_SCALE), 0).cast("long") for j in range(d)]
+
+
+def outer_units(d: int, radius: float) -> list:
+    """Fixed-point units of the products ``_u{j} _u{k}``, ``j <= k`` row by row (as
+    :func:`dplib.aggregates.quantize_products`)."""
+    r2 = F.lit(float(radius) * float(radius))
+    return [F.bround((F.col(f"_u{j}") * F.col(f"_u{k}")) / r2 * F.lit(QUANT_SCALE), 0).cast("long")
+            for j in range(d) for k in range(j, d)]
+
+
 def param(x) -> Column:
     """A parameter of an aggregation: a float literal, or (grouped statistics) a column of a
     joined parameter table, one value per group: the same double arithmetic either way."""
@@ -276,13 +291,10 @@ class SparkAggregates:
         check_outer_radius(radius)
         d = len(columns)
         df = self._clipped(self._deviations(columns, c, sc, group), d, float(radius))
-        r2 = F.lit(float(radius) * float(radius))
-        pairs = [(j, k) for j in range(d) for k in range(j, d)]
-        units = [F.bround((F.col(f"_u{j}") * F.col(f"_u{k}")) / r2 * F.lit(QUANT_SCALE), 0).cast("long")
-                 for j, k in pairs]
+        units = outer_units(d, radius)
         n, total = exact_sums(df, units, self._collect)
         if n == 0:
-            return np.zeros(len(pairs)), 0
+            return np.zeros(len(units)), 0
         return np.array([float(t) for t in total]) * (float(radius) * float(radius) / QUANT_SCALE), n
 
     def clipped_moment_sums(
@@ -301,14 +313,10 @@ class SparkAggregates:
         check_outer_radius(radius)
         d = len(columns)
         df = self._clipped(self._deviations(columns, c, sc, group), d, float(radius))
-        rho, r2 = F.lit(float(radius)), F.lit(float(radius) * float(radius))
-        first = [F.bround(F.col(f"_u{j}") / rho * F.lit(QUANT_SCALE), 0).cast("long") for j in range(d)]
-        pairs = [(j, k) for j in range(d) for k in range(j, d)]
-        outer = [F.bround((F.col(f"_u{j}") * F.col(f"_u{k}")) / r2 * F.lit(QUANT_SCALE), 0).cast("long")
-                 for j, k in pairs]
+        first, outer = first_units(d, radius), outer_units(d, radius)
         n, total = exact_sums(df, first + outer, self._collect)
         if n == 0:
-            return np.zeros(d), np.zeros(len(pairs)), 0
+            return np.zeros(d), np.zeros(len(outer)), 0
         sums = np.array([float(t) for t in total])
         return (sums[:d] * (float(radius) / QUANT_SCALE),
                 sums[d:] * (float(radius) * float(radius) / QUANT_SCALE), n)
@@ -323,12 +331,8 @@ class SparkAggregates:
     ) -> tuple[np.ndarray, int]:
         c = check_clip_args(columns, center, radius)
         sc = check_scales(scales, len(columns))
-        rho = F.lit(float(radius))
         df = self._clipped(self._deviations(columns, c, sc, group), len(columns), float(radius))
-        devs = [F.col(f"_u{j}") for j in range(len(columns))]
-        # Fixed point, as dplib.aggregates.quantize_deviations: bround = round half to even.
-        units = [F.bround(d / rho * F.lit(QUANT_SCALE), 0).cast("long") for d in devs]
-        n, total = exact_sums(df, units, self._collect)
+        n, total = exact_sums(df, first_units(len(columns), radius), self._collect)
         if n == 0:
             return np.zeros(len(columns)), 0
         return np.array([float(t) for t in total]) * (float(radius) / QUANT_SCALE), n
