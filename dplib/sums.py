@@ -52,7 +52,6 @@ from dplib.mean.scale_free_stages import (
     StageShares,
     point_tail,
     scale_free_stages,
-    tail_flag_reason,
 )
 from dplib.mean.tails import StudentTail
 from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK, MeanRelease
@@ -60,7 +59,7 @@ from dplib.mechanisms import NoiseSource, clamp_exact, inflate, laplace_mechanis
 from dplib.seam import Aggregates
 
 ALGORITHM = "scale-free-clipped-sum"
-ALGORITHM_VERSION = "3"  # 3: tail-flag rules and the empty profile's overflow share (scale-free mean version 6)
+ALGORITHM_VERSION = "4"  # 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 STAGE_SUM = "clipped sum"
 #: Early stages: the mean's range, centre and profile shares, no tail balance (its light-tail cap on
 #: the radius suits a mean, whose clipped excesses offset, not a sum of many persons: 12% larger
@@ -215,7 +214,7 @@ def person_sum(
                   "error bar")
     elif setup.tail_flag:
         covers += ("; WARNING (tail_flag): the persons' totals look heavy-tailed ("
-                   f"{tail_flag_reason(setup.model.nu, setup.overflow)}); the "
+                   f"{setup.flag_reason()}); the "
                    "bias bound assumes that tail continues as fitted, which the data may break")
     eps, delta = composed_cost(accountant.charges[start:])
     params.update({

@@ -54,7 +54,6 @@ from dplib.mean.scale_free_stages import (
     point_tail,
     scale_free_stages,
     strict_tail,
-    tail_flag_reason,
 )
 from dplib.mean.tails import StudentTail
 from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK, MeanRelease
@@ -63,7 +62,7 @@ from dplib.seam import Aggregates
 
 ALGORITHM = "scale-free-clipped-variance"
 STDDEV_ALGORITHM = "scale-free-clipped-variance/stddev"
-ALGORITHM_VERSION = "3"  # 3: tail-flag rules and the empty profile's overflow share (scale-free mean version 6)
+ALGORITHM_VERSION = "4"  # 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 STAGE_MOMENTS = "clipped moments"
 #: Early stages: the mean's range and centre shares, a larger profile (the radius and the bias
 #: bound rest on it) and no tail balance. Tuned on benchmarks/sum_variance_anchors.py.
@@ -292,7 +291,7 @@ def person_variance(
                   "estimate is private but has no honest error bar")
     elif setup.tail_flag:
         covers += ("; WARNING (tail_flag): the persons' means look heavy-tailed ("
-                   f"{tail_flag_reason(setup.model.nu, setup.overflow)}); the "
+                   f"{setup.flag_reason()}); the "
                    "bias bound assumes that tail continues as fitted, which the data may break")
     eps, delta = composed_cost(accountant.charges[start:])
     params.update({

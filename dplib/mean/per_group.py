@@ -82,6 +82,7 @@ SHARED_SHARE = 0.3
 #: The shared stages' shares of SHARED_SHARE: range 10% (+15% retry, only on small data), centre
 #: 25%, profile 50% (pooled data holds every person: the profile is the stage that pays).
 SHARED_STAGE_SHARES = StageShares(range=0.10, range_retry=0.15, centre=0.25, profile=0.50, balance=0.0, boost=1.0,
+                                  centre_boost=1.0,
                                   final=False)
 #: Share of a group's budget spent on its noisy person count (it chooses the path and the radius).
 COUNT_SHARE = 0.05
@@ -93,7 +94,7 @@ COUNT_SHARE = 0.05
 #: 1.6 (2x its bar) at ~1,300, where the own stages are within 0.1.
 OWN_STAGES_N_EPS = 300.0
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free-per-group"
-ALGORITHM_VERSION = "3"  # 3: tail-flag rules and the empty profile's overflow share (scale-free mean version 6)
+ALGORITHM_VERSION = "4"  # 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 #: Pooled path: share of the group's rest spent on the first clip-and-noise (around the pooled
 #: centre), which re-centres the second on the group.
 RECENTRE_SHARE = 0.25

@@ -288,6 +288,7 @@ def window_center(
     upper: float,
     bins_per_range: int = 8,
     refine: bool = False,
+    pad_bins: int | None = None,
 ) -> tuple[float, float]:
     """RangeEstimator with a bin width derived from a DP range: returns ``(center, bin_width)``.
 
@@ -301,19 +302,24 @@ def window_center(
     epsilon-DP under add/remove (Agarwal et al. 2024, Algorithm 1, pure variant; the window is a
     DP output of an earlier stage on other persons, so it is public here).
     """
-    r, offset, n_bins = window_bins(lower, upper, bins_per_range)
+    r, offset, n_bins = window_bins(lower, upper, bins_per_range, pad_bins)
     clamp = (offset, offset + (n_bins - 0.5) * r)
     sparse = backend.histogram(column, r, offset, group, clamp=clamp)
-    return window_center_from_counts(sparse, epsilon, noise, lower, upper, bins_per_range, refine)
+    return window_center_from_counts(sparse, epsilon, noise, lower, upper, bins_per_range, refine, pad_bins)
 
 
-def window_bins(lower: float, upper: float, bins_per_range: int) -> tuple[float, float, int]:
-    """``(bin_width, offset, n_bins)`` of :func:`window_center`'s window (public inputs only)."""
+def window_bins(lower: float, upper: float, bins_per_range: int, pad_bins: int | None = None) -> tuple[float, float, int]:
+    """``(bin_width, offset, n_bins)`` of :func:`window_center`'s window (public inputs only):
+    bins of ``W / bins_per_range`` over ``[lower - W, upper + W]`` (``W = upper - lower``), or,
+    with ``pad_bins``, over ``[lower - pad_bins r, upper + pad_bins r]`` (fewer empty bins whose
+    noise competes with the bulk's: small data)."""
     width = upper - lower
     if not (math.isfinite(width) and width > 0):
         raise InvalidParameterError(f"the range must have positive finite width, got [{lower!r}, {upper!r}]")
     r = width / bins_per_range
-    return r, lower - width, 3 * bins_per_range
+    if pad_bins is None:
+        return r, lower - width, 3 * bins_per_range
+    return r, lower - pad_bins * r, bins_per_range + 2 * pad_bins
 
 
 def window_center_from_counts(
@@ -324,10 +330,11 @@ def window_center_from_counts(
     upper: float,
     bins_per_range: int = 8,
     refine: bool = False,
+    pad_bins: int | None = None,
 ) -> tuple[float, float]:
     """:func:`window_center` from the exact counts of the window's bins (bins outside
     ``[0, n_bins)`` are folded into the edge bins, as the clamp does); noised here."""
-    r, offset, n_bins = window_bins(lower, upper, bins_per_range)
+    r, offset, n_bins = window_bins(lower, upper, bins_per_range, pad_bins)
     dense = np.zeros(n_bins)
     for j, c in sparse.items():
         dense[min(max(j, 0), n_bins - 1)] += c

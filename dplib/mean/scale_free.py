@@ -10,19 +10,21 @@ scale s, the range R) replaced by private estimates (:mod:`dplib.mean.ranges`). 
 ====  =====================  ==========================  =======================================
  1    magnitude range         0.04 (retry: + 0.20)        thresholded (delta > 0) or pure histogram
                                                           of signed binary magnitudes -> [L, U]
- 2    centre                  0.04                        RangeEstimator on [L - W, U + W], bins of
+ 2    centre                  0.04 (0.12 after retry)     RangeEstimator on [L - W, U + W], bins of
                                                           W/8, pure; argmax bin refined by the
                                                           centroid of its neighbourhood -> c
- 3    deviation profile       0.10                        pure histogram of |Y - c| on half
+ 3    deviation profile       0.10 (0.20 after retry)     pure histogram of |Y - c| on half
                                                           octaves -> tail model, radius rho
- 3b   tail balance            0.05 (light tails only)     Laplace on the persons beyond +x_a and
-                                                          beyond -x_a (x_a from the profile)
+ 3b   tail balance            0.05 (light tails, no       Laplace on the persons beyond +x_a and
+                              retry)                      beyond -x_a (x_a from the profile)
  4    fine clip-and-noise     the rest (0.77 or 0.82;     Laplace on (sum trunc(Y - c, rho), w n)
-                              0.43 or 0.48 after retry)
+                              0.44 after retry)
 ====  =====================  ==========================  =======================================
 
 Stage 1 runs a second time, with a larger share, only when its first run released no bucket (a DP
-outcome: too few persons for the small share); stage 3b runs only when the tail fitted to stage 3
+outcome: too few persons for the small share; "small data": then the centre window is the range
+and one bin each side, the profile has octave bins, the radius comes from the point fit of the tail
+capped at ``SMALL_REACH`` times the reach, and a fit that cannot confirm a light tail sets the flag); stage 3b runs only when the tail fitted to stage 3
 is light (``nu >= LIGHT_NU``, a DP outcome), else its share goes to stage 4. The shares are thus chosen adaptively from
 earlier DP outputs under a fixed total; the statistic never spends more than its (epsilon, delta)
 (basic composition with adaptively chosen parameters whose sum is bounded: a privacy filter,
@@ -90,11 +92,11 @@ from dplib.mean.scale_free_stages import (  # the early stages; re-exported (see
     balance_edge,
     bar_bias,
     measured_reach,
+    point_tail,
     scale_free_stages,
     stage_charger,
     tail_balance,
     tail_counts,
-    tail_flag_reason,
     tail_from_profile,
 )
 from dplib.mean.univariate import (
@@ -118,7 +120,7 @@ __all__ = [
 ]
 
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
-ALGORITHM_VERSION = "6"  # 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
+ALGORITHM_VERSION = "7"  # 7: small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
 STAGE_FINE = "fine clip-and-noise"
 STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_CENTRE, STAGE_PROFILE, STAGE_BALANCE, STAGE_FINE)
 #: The radius never exceeds this multiple of how far the profile measures (:func:`measured_reach`).
@@ -130,6 +132,12 @@ STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_CENTRE, STAGE_PROFILE, STAGE_BAL
 #: The bias bound at the capped radius still comes from the fitted tail (the bar stays honest
 #: under it).
 RADIUS_REACH = 8.0
+#: Small data (stage 1 needed its retry): the radius balances noise against the bias of the point fit
+#: of the tail (at least SMALL_RADIUS_NU; its one-sd lower bound from a few measured bins is often
+#: near 1 and pushed the radius to its cap: 100 Gaussian persons clipped at 4-13 sd), capped at
+#: SMALL_REACH times how far the profile measures. The bar keeps the conservative model.
+SMALL_REACH = 2.0
+SMALL_RADIUS_NU = 2.0
 #: Above this DP share of persons beyond the deviation profile's top edge the mean releases
 #: INSUFFICIENT_DATA before its fine stage: with delta = 0 and person means beyond
 #: ``exponent_range`` (1e29 against 2^60) it released OK, flagged, 1e10 times too small, with a
@@ -325,8 +333,11 @@ def scale_free_person_mean(
     # 4. fine clip-and-noise, with what is left of the budget
     spent_eps, _ = composed_cost(accountant.charges[start:])
     eps_fine = eps_total - spent_eps
-    rho = balanced_radius(model, min(bin_width / 4.0, high / 2.0), 2.0 * high, setup.n_hat * eps_fine, centre_error)
-    reach = RADIUS_REACH * setup.reach
+    radius_model = model
+    if setup.retried:  # small data: a few measured bins leave the fit's lower bound near 1
+        radius_model = point_tail(setup, SMALL_RADIUS_NU)
+    rho = balanced_radius(radius_model, min(bin_width / 4.0, high / 2.0), 2.0 * high, setup.n_hat * eps_fine, centre_error)
+    reach = (SMALL_REACH if setup.retried else RADIUS_REACH) * setup.reach
     capped = rho > reach
     rho = min(rho, reach)
     if light_symmetric:  # light, two-sided tails: clip where the profile stops measuring, x 1.5
@@ -356,7 +367,7 @@ def scale_free_person_mean(
     if half is not None and tail_flag:
         covers += (
             "; WARNING (tail_flag): the persons' means look heavy-tailed ("
-            f"{tail_flag_reason(model.nu, overflow)}); the bias "
+            f"{setup.flag_reason()}); the bias "
             "bound assumes that tail continues as fitted, which the data may break"
         )
     eps, delta = composed_cost(accountant.charges[start:])

@@ -699,3 +699,34 @@ def test_visible_only_zeroes_raw_counts_above_the_highest_visible_bin():
     p = visible_only(_floored_profile([0, 50, 400, 300, 12, 3, -4, 9, 2]))
     assert list(p.raw_weights) == [0, 50, 400, 300, 12, 0, 0, 0, 0]
     assert hidden_mass(p, 1.0)[0] == 0.0
+
+
+def test_window_bins_small_data_pad():
+    """Small data: the centre window is the range and pad_bins bins each side (public inputs only)."""
+    from dplib.mean.ranges import window_bins
+
+    assert window_bins(4.0, 8.0, 8) == (0.5, 0.0, 24)
+    assert window_bins(4.0, 8.0, 8, 1) == (0.5, 3.5, 10)
+    r, offset, n_bins = window_bins(-3.0, 5.0, 8, 2)
+    assert (r, offset, n_bins) == (1.0, -5.0, 12)
+    assert offset + n_bins * r == 7.0  # [L - 2r, U + 2r]
+
+
+def test_profile_with_no_visible_bin_flags_the_release():
+    """A profile in which no bin clears its floor cannot say where the persons are: the tail flag is
+    set whatever the fallback tail says (version 6 released such bars unflagged)."""
+    import dplib.mean.scale_free_stages as S
+    from dplib.budget import Accountant, Budget
+    from dplib.mean.scale_free import ScaleFreeMeanPlan
+
+    y = np.random.default_rng(5).normal(5.0, 0.32, 100)
+    plan = ScaleFreeMeanPlan(budget=Budget(1.0, 1e-6))
+    charges = {c.stage: c for c in plan.charges("")}
+    shares = S.StageShares(profile=1e-4)  # a profile at a tiny share: nothing clears the floor
+    setup = S.scale_free_stages(
+        NumpyAggregates({"v": y}, np.arange(100)), "v", plan, shares,
+        S.stage_charger(Accountant(plan.budget), charges), SeededNoise(3), {},
+    )
+    assert setup is not None and not np.any(setup.profile.weights > 0)
+    assert setup.tail_flag
+    assert "cleared its noise floor" in setup.flag_reason()
