@@ -93,6 +93,10 @@ COUNT_SHARE = 0.05
 #: well separated groups (means -4, 10, 100; tests/spark/test_grouped_job.py) it was off by up to
 #: 1.6 (2x its bar) at ~1,300, where the own stages are within 0.1.
 OWN_STAGES_N_EPS = 300.0
+#: A group on its own stages with noisy persons x epsilon below this takes the scale-free mean's
+#: small-data path (octave profile, narrow centre window; :mod:`dplib.mean.scale_free_stages`), as
+#: a statistic of its own does after its range retry (which happens below about 400 persons x eps).
+SMALL_N_EPS = 400.0
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free-per-group"
 ALGORITHM_VERSION = "4"  # 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 #: Pooled path: share of the group's rest spent on the first clip-and-noise (around the pooled
@@ -299,7 +303,9 @@ def group_person_mean(
     params["group_noisy_count"] = round(n_noisy, 1)
 
     if n_noisy * eps_rest >= OWN_STAGES_N_EPS:
-        rel = scale_free_person_mean(backend, column, plan.inner, noise, accountant, stage_prefix, given_range=SharedRange(shared.range, shared.retried))
+        rel = scale_free_person_mean(backend, column, plan.inner, noise, accountant, stage_prefix,
+                                     given_range=SharedRange(shared.range, shared.retried),
+                                     small_data=n_noisy * eps_rest < SMALL_N_EPS)
         eps, delta = composed_cost(accountant.charges[start:])
         return dataclasses.replace(rel, epsilon=eps, delta=delta, parameters={
             **params, **rel.parameters, "path": PATH_OWN, "stages": _stages(accountant, start, stage_prefix)})

@@ -306,15 +306,25 @@ def tail_balance(signed_counts: dict, x_a: float, epsilon: float, noise: NoiseSo
     -------
     epsilon-DP under add/remove: a person lies in at most one of the two counts (l1 sensitivity 1).
     """
+    return tail_balance_read(signed_counts, x_a, epsilon, noise, sub_edges)[0]
+
+
+def tail_balance_read(signed_counts: dict, x_a: float, epsilon: float, noise: NoiseSource, sub_edges) -> tuple[bool, bool]:
+    """:func:`tail_balance` with a second outcome: ``(balanced, one_sided)``, ``one_sided`` True when
+    the larger tail's count is measured (``BALANCE_SD`` noise sds) and exceeds ``BALANCE_RATIO``
+    times the smaller one by more than ``BALANCE_SD`` sds of the difference's noise (post-processing
+    of the same two noisy counts; same privacy)."""
     if not (x_a > 0 and math.isfinite(x_a)):
-        return False
+        return False, False
     exact = tail_counts(signed_counts, x_a, sub_edges)
     noisy, scale = pure_dp_histogram(exact, epsilon, noise)
     del exact
     hi_side, lo_side = float(max(noisy[0], noisy[1])), float(min(noisy[0], noisy[1]))
-    measured = lo_side >= BALANCE_SD * math.sqrt(2.0) * scale
+    sd_count = BALANCE_SD * math.sqrt(2.0) * scale
     sd_difference = math.sqrt(2.0 * (1.0 + BALANCE_RATIO**2)) * scale
-    return bool(measured and hi_side - BALANCE_RATIO * lo_side <= BALANCE_SD * sd_difference)
+    excess = hi_side - BALANCE_RATIO * max(lo_side, 0.0) > BALANCE_SD * sd_difference
+    balanced = lo_side >= sd_count and not excess
+    return bool(balanced), bool(hi_side >= sd_count and excess)
 
 
 def strict_tail(setup: "ScaleFreeSetup", k: float | None, measured_sd: float) -> StudentTail:
@@ -392,6 +402,8 @@ class ScaleFreeSetup:
     n_hat: float
     reach: float
     profile_epsilon: float
+    small: bool = False
+    one_sided: bool = False
 
     @property
     def centre_error(self) -> float:
@@ -404,7 +416,7 @@ class ScaleFreeSetup:
     def flag_reason(self) -> str:
         """Why ``tail_flag`` is set, in words (:func:`tail_flag_reason`; public)."""
         return tail_flag_reason(
-            float(self.model.nu), self.overflow, small_data_nu=self.fitted_nu if self.retried else None,
+            float(self.model.nu), self.overflow, small_data_nu=self.fitted_nu if self.small else None,
             visible=self.profile.total > 0,
         )
 
@@ -418,6 +430,7 @@ def scale_free_stages(
     noise: NoiseSource,
     params: dict,
     given_range=None,
+    small: bool | None = None,
 ) -> ScaleFreeSetup | None:
     """Stages 1-3b of the scale-free estimators: magnitude range (and its retry), centre,
     deviation profile and (if ``shares.balance > 0`` and the fitted tail is light) tail balance.
@@ -469,23 +482,24 @@ def scale_free_stages(
     width = upper - lower
     params.update({"range_lower": lower, "range_upper": upper, "range_retried": retried})
 
-    # Small data (the retry ran): the centre and the profile get larger shares (chosen from a DP
-    # outcome, within the fixed total).
-    boost = shares.boost if retried else 1.0
+    # Small data (the retry ran, or the caller's DP count says so): the centre and the profile get
+    # larger shares (chosen from a DP outcome, within the fixed total) and coarser bins.
+    small = retried if small is None else bool(small)
+    boost = shares.boost if small else 1.0
 
     # 2. centre
-    b_centre = charge(STAGE_CENTRE, eps_total * shares.centre * (shares.centre_boost if retried else 1.0))
+    b_centre = charge(STAGE_CENTRE, eps_total * shares.centre * (shares.centre_boost if small else 1.0))
     center, bin_width = window_center(
         backend, column, group, b_centre.epsilon, noise, lower, upper, CENTRE_BINS, refine=True,
-        pad_bins=SMALL_CENTRE_PAD if retried else None,
+        pad_bins=SMALL_CENTRE_PAD if small else None,
     )
     params.update({"coarse_center": center, "bin_width": bin_width})
 
     # 3. deviation profile -> tail model
     b_profile = charge(STAGE_PROFILE, eps_total * shares.profile * boost)
     # a total map of the DP range into finite spans (post-processing): no overflow to inf
-    sub_edges = SMALL_SUB_EDGES if retried else PROFILE_SUB_EDGES
-    low = max(width * 2.0**-(SMALL_OCTAVES_BELOW if retried else PROFILE_OCTAVES_BELOW), 1e-300)
+    sub_edges = SMALL_SUB_EDGES if small else PROFILE_SUB_EDGES
+    low = max(width * 2.0**-(SMALL_OCTAVES_BELOW if small else PROFILE_OCTAVES_BELOW), 1e-300)
     high = min(max(width * 2.0**PROFILE_OCTAVES_ABOVE, 2.0 * low), 1e300)
     signed_counts = backend.log_histogram(column, center, group, sub_edges)
     profile = deviation_profile_from_counts(signed_counts, b_profile.epsilon, noise, low, high, sub_edges)
@@ -495,18 +509,18 @@ def scale_free_stages(
     # only for a light fitted tail (a DP outcome; otherwise its share goes to the final stage,
     # within the fixed total) and a user moment order k, if any, no smaller than LIGHT_NU. It
     # reuses the exact counts read under stage 3's charge; its own charge comes before its noise.
-    if (retried and fitted_nu < FLAG_NU) or profile.total <= 0:
+    if (small and fitted_nu < FLAG_NU) or profile.total <= 0:
         tail_flag = True  # small data: a few measured bins cannot confirm a light tail; or none is visible
-    balanced = None
-    if shares.balance > 0 and not retried and model.nu >= LIGHT_NU and (plan.k is None or plan.k >= LIGHT_NU):
+    balanced, one_sided = None, False
+    if shares.balance > 0 and not small and model.nu >= LIGHT_NU and (plan.k is None or plan.k >= LIGHT_NU):
         b_bal = charge(STAGE_BALANCE)
-        balanced = tail_balance(signed_counts, balance_edge(model), b_bal.epsilon, noise, sub_edges)
+        balanced, one_sided = tail_balance_read(signed_counts, balance_edge(model), b_bal.epsilon, noise, sub_edges)
     del signed_counts
     # (a shared range counted every group's persons: only the group's own profile counts then)
     n_hat = max(0.0 if shared else rng_out.noisy_total, profile.total, 1.0)
     return ScaleFreeSetup(
         lower, upper, retried, center, bin_width, low, high, profile, model, fitted_nu, nu_used, tail_flag, overflow,
-        balanced, n_hat, measured_reach(profile, model), b_profile.epsilon,
+        balanced, n_hat, measured_reach(profile, model), b_profile.epsilon, small, one_sided,
     )
 
 

@@ -31,6 +31,7 @@ from dplib.mean.scale_free import (
     ScaleFreeMeanPlan,
     scale_free_person_mean,
     tail_balance,
+    tail_balance_read,
     tail_counts,
 )
 from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK
@@ -462,6 +463,48 @@ def test_tail_balance_tells_two_sided_from_one_sided_tails():
     assert expo == 0.0
     # 100 persons: ~16 per side, under 2 noise sds (57): never "measured"
     assert tiny <= 0.05
+
+
+def _balance_reads(sampler, n, seeds=60):
+    reads = []
+    for s in range(seeds):
+        rng = np.random.default_rng(1000 + s)
+        y = sampler(rng, n)
+        backend = NumpyAggregates({"v": y}, rng.integers(0, 2**32, y.size))
+        counts = backend.log_histogram("v", float(np.median(y)), ALL_PERSONS, SUB)
+        reads.append(tail_balance_read(counts, 1.0, 0.05, SeededNoise(s), SUB))
+    return np.array(reads, dtype=bool)
+
+
+def test_tail_balance_read_tells_one_sided_from_unmeasured():
+    """The second outcome (one-sided), which keeps the conservative radius: an exponential's far
+    mass (all beyond +1) reads one-sided in every run; Gaussian tails and too few persons (each
+    side under the noise) essentially never do. The first outcome is tail_balance's, bit for bit."""
+    expo = _balance_reads(lambda r, n: r.exponential(1.0, n), 5000)
+    gauss = _balance_reads(lambda r, n: r.standard_normal(n), 5000)
+    tiny = _balance_reads(lambda r, n: r.standard_normal(n), 100)
+    assert expo[:, 1].all() and not expo[:, 0].any()
+    assert gauss[:, 1].mean() <= 0.05 and gauss[:, 0].mean() >= 0.95
+    # 100 persons: ~16 per side against a 2-sd level of 57: neither balanced nor one-sided
+    assert tiny[:, 1].mean() <= 0.05 and tiny[:, 0].mean() <= 0.05
+    assert _balance_rate(lambda r, n: r.exponential(1.0, n), 5000) == expo[:, 0].mean()
+
+
+def test_light_point_fit_sets_the_radius_on_gaussian_means():
+    """1,000 Gaussian person means: the radius reads the point fit of the tail (light, tails not
+    one-sided), not its lower bound minus 2: median radius ~3.3 sd (version 6: ~5 sd); the bias
+    bound of the bar still comes from the conservative model (the bars cover)."""
+    radii, covered = [], 0
+    for s in range(30):
+        rng = np.random.default_rng([41, s])
+        y = rng.normal(5.0, 0.3, 1000)
+        backend = NumpyAggregates({"v": y}, rng.integers(0, 2**32, y.size))
+        rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(s))
+        assert rel.status == STATUS_OK
+        radii.append(rel.parameters["clipping_radius"] / y.std())
+        covered += abs(rel.estimate - y.mean()) <= rel.error_bar
+    assert 2.0 <= float(np.median(radii)) <= 4.2, np.median(radii)
+    assert covered >= 25  # 90% bars: >= 25 of 30 fails with p < 0.1 if they hold
 
 
 def test_light_symmetric_radius_is_a_multiple_of_the_measured_reach():
