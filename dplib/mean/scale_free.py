@@ -14,7 +14,8 @@ scale s, the range R) replaced by private estimates (:mod:`dplib.mean.ranges`). 
                                                           W/8, pure; argmax bin refined by the
                                                           centroid of its neighbourhood -> c
  3    deviation profile       0.10 (0.20 after retry)     pure histogram of |Y - c| on half
-                                                          octaves -> tail model, radius rho
+                                                          octaves (small data: octaves) -> tail
+                                                          model, radius rho
  3b   tail balance            0.05 (light tails, no       Laplace on the persons beyond +x_a and
                               retry)                      beyond -x_a (x_a from the profile)
  4    fine clip-and-noise     the rest (0.77 or 0.82;     Laplace on (sum trunc(Y - c, rho), w n)
@@ -300,6 +301,14 @@ def scale_free_person_mean(
     noise : NoiseSource
     accountant : Accountant, optional
         Charged before each stage reads its persons. Default: limited to ``plan.budget``.
+    stage_prefix : str
+        Prefix of this statistic's ledger stage names.
+    given_range : SharedRange, optional
+        With ``plan.shared_range``: the range found once for every group (a DP output).
+    small_data : bool, optional
+        Force the small-data path on (True) or off (False); None: it follows stage 1's retry.
+        Must be a function of DP outputs and public values (a grouped mean passes its group's
+        noisy count x epsilon < ``SMALL_N_EPS``).
 
     Returns
     -------
@@ -411,6 +420,8 @@ def scale_free_person_mean(
             "radius_capped": capped,
             "tail_balanced": balanced,
             "light_symmetric": light_symmetric,
+            "small_data": setup.small,
+            "tail_one_sided": setup.one_sided,
         }
     )
     return MeanRelease(

@@ -6,7 +6,7 @@ variance (:mod:`dplib.variance`) and sum (:mod:`dplib.sums`) run the same privat
 1. magnitude range (thresholded or pure histogram of signed binary magnitudes; a retry with a
    larger share only when the first run released nothing),
 2. centre (RangeEstimator on a window derived from the range, refined by a centroid),
-3. deviation profile (pure histogram of ``|Y - c|`` on half octaves) and its Student-t tail model,
+3. deviation profile (pure histogram of ``|Y - c|`` on half octaves; octaves on small data) and its Student-t tail model,
 3b. tail balance (Laplace counts beyond ``+x_a`` and ``-x_a``; only for light fitted tails and an
    estimator that declares a share for it).
 
@@ -58,7 +58,7 @@ CENTRE_SHARE = 0.04
 PROFILE_SHARE = 0.10
 #: Bins of the centre histogram per width of the private range.
 CENTRE_BINS = 8
-#: Factor on the centre and profile shares when stage 1 needed its retry (small data).
+#: Factor on the profile share on small data (the centre's is SMALL_CENTRE_BOOST).
 SMALL_DATA_BOOST = 2.0
 #: The deviation profile spans [W 2^-PROFILE_OCTAVES_BELOW, W 2^PROFILE_OCTAVES_ABOVE] around the
 #: centre, W the width of the private range.
@@ -139,7 +139,7 @@ class StageShares:
     Accuracy only: any shares whose largest total stays below 1 are private (the final stage
     gets what is left). ``balance = 0`` leaves the tail-balance stage out (an estimator whose
     clipping bias has one sign, e.g. a variance, has nothing to balance). ``boost``: factor on
-    the centre and profile shares after the range retry (small data).
+    the profile share on small data (after the range retry); ``centre_boost``: on the centre's.
 
     Raises
     ------

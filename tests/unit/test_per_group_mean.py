@@ -12,7 +12,7 @@ from dplib.aggregates import NumpyAggregates
 from dplib.budget import Accountant, Budget, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.mean.per_group import (
-    COUNT_SHARE, OWN_STAGES_N_EPS, PATH_OWN, PATH_POOLED, GroupMeanPlan, SharedScale, SharedScalePlan,
+    COUNT_SHARE, OWN_STAGES_N_EPS, PATH_OWN, SMALL_N_EPS, PATH_POOLED, GroupMeanPlan, SharedScale, SharedScalePlan,
     group_person_mean, shared_scale,
 )
 from dplib.mechanisms import SeededNoise
@@ -62,13 +62,17 @@ def test_pooled_path_near_the_exact_group_mean_and_within_budget():
     assert covered >= 32  # 90% bar: 40 draws, P(binomial(40, 0.9) < 32) ~ 2%
 
 
-def test_own_path_when_enough_persons_times_epsilon():
+@pytest.mark.parametrize("n_eps,small", [(2.0 * OWN_STAGES_N_EPS, True), (2.0 * SMALL_N_EPS, False)])
+def test_own_path_when_enough_persons_times_epsilon(n_eps, small):
+    """Own stages from OWN_STAGES_N_EPS noisy persons x epsilon; below SMALL_N_EPS they take the
+    scale-free mean's small-data path (a function of the group's noisy count only)."""
     pooled = shared_scale(_agg(_pooled()), "v", SharedScalePlan(Budget(1.0, 1e-6)), SeededNoise(3), Accountant(Budget(1.0, 1e-6)))
     y = np.random.default_rng(4).normal(3.0, 1.0, 20_000)
-    eps = 2.0 * OWN_STAGES_N_EPS / y.size / (1 - COUNT_SHARE)
+    eps = n_eps / y.size / (1 - COUNT_SHARE)
     acc = Accountant(Budget(eps, 0.0))
     rel = group_person_mean(_agg(y), "v", GroupMeanPlan(Budget(eps, 0.0)), SeededNoise(5), acc, shared=pooled)
     assert rel.status == "OK" and rel.parameters["path"] == PATH_OWN
+    assert rel.parameters["small_data"] is small
     assert abs(rel.estimate - y.mean()) < 0.05
     assert composed_cost(acc.charges)[0] <= eps * (1 + 1e-12)
     stages = rel.parameters["stages"]
