@@ -493,8 +493,8 @@ def test_tail_balance_read_tells_one_sided_from_unmeasured():
 
 
 def test_light_point_fit_sets_the_radius_on_gaussian_means():
-    """1,000 Gaussian person means: the radius reads the point fit of the tail (light, tails not
-    one-sided), not its lower bound minus 2: median radius ~3.3 sd (version 6: ~5.1 sd, which
+    """1,000 Gaussian person means: the radius reads the point fit of the tail (light: nu >= 8,
+    tails not one-sided), not its lower bound minus 2: median radius ~3.3 sd (version 6: ~5.1 sd, which
     fails here); the bars still cover."""
     radii, covered = [], 0
     for s in range(30):
