@@ -35,6 +35,7 @@ from dplib.mean.ranges import (
     check_exponent_range,
     check_octaves,
     check_range_quantile,
+    confirm_isolated_bins,
     DeviationProfile,
     deviation_profile_from_counts,
     hidden_mass,
@@ -503,6 +504,8 @@ def scale_free_stages(
     high = min(max(width * 2.0**PROFILE_OCTAVES_ABOVE, 2.0 * low), 1e300)
     signed_counts = backend.log_histogram(column, center, group, sub_edges)
     profile = deviation_profile_from_counts(signed_counts, b_profile.epsilon, noise, low, high, sub_edges)
+    if small:  # a lone noise bin far above the bulk would set the reach (and radius) there
+        profile = confirm_isolated_bins(profile)
     model, fitted_nu, nu_used, tail_flag, overflow = tail_from_profile(profile, b_profile.epsilon, plan.k)
 
     # 3b. tail balance: noisy persons beyond +x_a and beyond -x_a (x_a public, from the profile),
