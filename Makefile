@@ -12,6 +12,10 @@ BIN    := $(abspath $(VENV))/bin
 STAMP  := $(VENV)/.installed
 CLASSPATH_FILE := build/delta-classpath.txt
 FLIGHTS := build/data/flights.parquet
+# The native aggregates (spark_jobs/jvm, spark_jobs/spark/native.py): built by Maven, shipped in
+# the package; without the jar the jobs run the pure Spark SQL path (same results, slower).
+NATIVE_JAR := spark_jobs/jvm/lib/person-dp-native.jar
+NATIVE_SRC := spark_jobs/jvm/pom.xml $(shell find spark_jobs/jvm/src -type f 2>/dev/null)
 DIST_ZIP := build/dist/person_dp.zip
 
 # The application's environment: the Spark-free core (dplib) plus the extras the two README
@@ -37,7 +41,7 @@ export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 export PERSON_DP_DELTA_CLASSPATH := $(abspath $(CLASSPATH_FILE))
 
-.PHONY: demo test test-fast test-np2 lint venv venv-np2 constraints constraints-np2 jars data clean \
+.PHONY: demo test test-fast test-np2 lint venv venv-np2 constraints constraints-np2 jars native data clean \
 	dry-run dist spark-submit-demo bench-scale
 
 venv: $(STAMP)
@@ -75,16 +79,23 @@ $(CLASSPATH_FILE): conf/delta-jars.pom.xml
 	    -Dmdep.includeScope=runtime -Dmdep.outputFile=$(abspath $(CLASSPATH_FILE))
 	@echo "Delta jars: in the local Maven repository; classpath in $(CLASSPATH_FILE)"
 
+# Spark's jars are compile-only dependencies (~40 MB into the local Maven repository, once) and
+# the Scala compiler comes through the scala-maven-plugin; the jar goes to spark_jobs/jvm/lib.
+native: $(NATIVE_JAR)
+$(NATIVE_JAR): $(NATIVE_SRC)
+	mvn -q -B -f spark_jobs/jvm/pom.xml package
+	@echo "native aggregates: $(NATIVE_JAR)"
+
 data: $(FLIGHTS)
 $(FLIGHTS): $(STAMP)
 	$(BIN)/person-dp prepare-flights --out $(FLIGHTS)
 
-demo: $(STAMP) $(CLASSPATH_FILE) $(FLIGHTS)
+demo: $(STAMP) $(CLASSPATH_FILE) $(NATIVE_JAR) $(FLIGHTS)
 	$(BIN)/person-dp run --config conf/examples/flights.yaml
 
 # The package for spark-submit --py-files: the wheel pip builds (pure Python, so a zip Python
 # imports from), saved as .zip because pyspark adds only .zip/.egg/.jar py-files to sys.path.
-dist: $(STAMP)
+dist: $(STAMP) $(NATIVE_JAR)
 	rm -rf build/dist && mkdir -p build/dist
 	$(BIN)/python -m pip wheel -q --no-deps -w build/dist .
 	cp build/dist/person_dp-*.whl $(DIST_ZIP)
@@ -101,7 +112,7 @@ spark-submit-demo: dist $(CLASSPATH_FILE) $(FLIGHTS)
 dry-run: $(STAMP)
 	$(BIN)/person-dp run --config conf/examples/flights.yaml --dry-run
 
-test: $(STAMP) $(CLASSPATH_FILE)
+test: $(STAMP) $(CLASSPATH_FILE) $(NATIVE_JAR)
 	$(BIN)/python -m pytest --durations=30 $(PYTEST_ARGS)
 
 # The Spark-free tests less those marked slow (the heavy statistical checks; FAST_MARK= runs them
@@ -130,7 +141,7 @@ lint: $(STAMP)
 SCALE_REPORT := build/scale-report.md
 bench-scale: SHELL := /bin/bash
 bench-scale: .SHELLFLAGS := -o pipefail -c
-bench-scale: $(STAMP) $(CLASSPATH_FILE)
+bench-scale: $(STAMP) $(CLASSPATH_FILE) $(NATIVE_JAR)
 	mkdir -p build && : > $(SCALE_REPORT)
 	$(BIN)/python -m benchmarks.scale.run --sizes 1e6,1e7 --repeats 3 --job --json build/scale.jsonl | tee -a $(SCALE_REPORT)
 	$(BIN)/python -m benchmarks.scale.run --sizes 1e6 --records-per-person 1000 --repeats 3 --job --json build/scale.jsonl | tee -a $(SCALE_REPORT)

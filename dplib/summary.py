@@ -13,9 +13,14 @@ A person's mean of a value column is defined as follows (the Spark summarize pas
    sums (no overflow below 2**32 records per person) and ``sum_v q(v) = sum_i S_i 2**(31 i)``
    exactly. Integer sums do not depend on the order of the records, and Spark adds them with
    map-side partial aggregation (no ``collect_list``, no sort);
-3. ``total = (((0.0 + S_7 2**(217-150)) + S_6 2**(186-150)) + ...) + S_0 2**(-150)`` in
-   double arithmetic, high limb first (each ``float(S_i)`` rounds to nearest; multiplying by a
-   power of two is exact), and the mean is ``total / m``.
+3. the exact integer ``N = sum_i S_i 2**(31 i)`` is written in its canonical digits: ``e_0 ..
+   e_7`` in ``[0, 2**31)`` and the signed ``e_8 = floor(N / 2**248)`` (the carry chain
+   ``t_i = S_i + c_(i-1)``, ``e_i = t_i mod 2**31``, ``c_i = floor(t_i / 2**31)``, ``e_8 = c_7``),
+   and ``total = (((0.0 + e_8 2**98) + e_7 2**67) + ...) + e_0 2**(-150)`` in double arithmetic,
+   high digit first (each ``float(e_i)`` is exact; multiplying by a power of two is exact); the
+   mean is ``total / m``. The digits are a function of ``N`` alone, so any exact representation
+   of the sum gives the same bits: the native aggregate (``spark_jobs/jvm``) keeps ``N`` in five
+   carry-normalised base-``2**62`` digits instead of the eight limb sums.
 
 So a person's mean depends only on the multiset of their own values, never on partitioning or
 shuffle order (the last bits of an order-dependent mean could move a person across a histogram
@@ -82,12 +87,37 @@ def limbs(values: np.ndarray) -> np.ndarray:
     return out
 
 
+def canonical_digits(sums) -> list[int]:
+    """Step 3: the canonical digits ``[e_0, ..., e_8]`` of ``N = sum_i sums[i] 2**(31 i)``
+    (``e_0..e_7`` in ``[0, 2**31)``, ``e_8 = floor(N / 2**248)``), from the ``LIMBS`` limb sums."""
+    n = sum(int(sums[i]) << (LIMB_BITS * i) for i in range(LIMBS))
+    return [(n >> (LIMB_BITS * i)) & _MASK for i in range(LIMBS)] + [n >> (LIMB_BITS * LIMBS)]
+
+
 def total_from_limb_sums(sums) -> float:
-    """Step 3: the double ``total`` from the ``LIMBS`` exact limb sums (high limb first)."""
+    """Step 3: the double ``total`` from the ``LIMBS`` exact limb sums (canonical digits, high
+    digit first)."""
     t = 0.0
-    for i in range(LIMBS - 1, -1, -1):
-        t = t + float(int(sums[i])) * math.ldexp(1.0, LIMB_BITS * i - SHIFT)
+    for i, e in reversed(list(enumerate(canonical_digits(sums)))):
+        t = t + float(e) * math.ldexp(1.0, LIMB_BITS * i - SHIFT)
     return t
+
+
+def totals_from_limb_sums(sums: np.ndarray) -> np.ndarray:
+    """:func:`total_from_limb_sums` of each row of ``sums`` (shape ``(n, LIMBS)`` int64, each
+    below 2**32 records' worth: the int64 carry chain cannot overflow), shape ``(n,)``."""
+    s = np.asarray(sums, dtype=np.int64)
+    carry = np.zeros(s.shape[0], dtype=np.int64)
+    digits = []
+    for i in range(LIMBS):
+        t = s[:, i] + carry
+        digits.append(t & _MASK)  # two's complement: t mod 2**31
+        carry = t >> LIMB_BITS  # arithmetic shift: floor(t / 2**31)
+    digits.append(carry)
+    total = np.zeros(s.shape[0], dtype=np.float64)
+    for i in range(LIMBS, -1, -1):
+        total = total + digits[i].astype(np.float64) * math.ldexp(1.0, LIMB_BITS * i - SHIFT)
+    return total
 
 
 def person_sums(values: np.ndarray, inverse: np.ndarray, n_persons: int) -> np.ndarray:
@@ -110,7 +140,7 @@ def person_sums(values: np.ndarray, inverse: np.ndarray, n_persons: int) -> np.n
         sorted_inv = inv[order]
         starts = np.flatnonzero(np.r_[True, sorted_inv[1:] != sorted_inv[:-1]])
         sums[sorted_inv[starts]] = np.add.reduceat(lim[order], starts, axis=0)
-    return np.array([total_from_limb_sums(s) for s in sums], dtype=np.float64)
+    return totals_from_limb_sums(sums)
 
 
 def person_mean(values) -> float:

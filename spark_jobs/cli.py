@@ -238,15 +238,21 @@ def cmd_validate(args) -> int:
 
 
 def cmd_spark_jars(args) -> int:
-    """``person-dp spark-jars``: the Delta jars of the local Maven repository (``make jars``), comma
-    separated, for ``spark-submit --jars``."""
-    from spark_jobs.spark.session import delta_jars  # lazy: per command; main() reports a missing extra
+    """``person-dp spark-jars``: the Delta jars of the local Maven repository (``make jars``) and
+    the native aggregates' jar when built (``make native``), comma separated, for
+    ``spark-submit --jars``."""
+    from spark_jobs.spark.native import native_jar  # lazy: per command; main() reports a missing extra
+    from spark_jobs.spark.session import delta_jars
 
     jars = delta_jars()
     if not jars:
         print("error: no Delta jars found; run `make jars` (or set PERSON_DP_DELTA_CLASSPATH)", file=sys.stderr)
         return 2
-    print(",".join(jars))
+    native = native_jar()
+    if native is None:
+        print("warning: the native aggregates are not built (`make native`): the job will use the Spark SQL path",
+              file=sys.stderr)
+    print(",".join(jars + ([str(native)] if native is not None else [])))
     return 0
 
 
@@ -316,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--config", required=True)
     val.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     val.set_defaults(func=cmd_validate)
-    jars = sub.add_parser("spark-jars", help="print the local Delta jars for spark-submit --jars")
+    jars = sub.add_parser("spark-jars", help="print the local Delta jars and the native jar for spark-submit --jars")
     jars.set_defaults(func=cmd_spark_jars)
     rep = sub.add_parser("report", help="write an HTML report with one chart per released statistic")
     rep.add_argument("--table", default=None, help=f"default: from --config, else {DEFAULT_TABLE}")

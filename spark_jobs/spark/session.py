@@ -28,6 +28,8 @@ from pyspark.find_spark_home import _find_spark_home
 from pyspark.sql import SparkSession
 
 from dplib.errors import ConfigError
+from spark_jobs.spark.native import native_jar
+from spark_jobs.spark.native import wanted as native_wanted
 
 log = logging.getLogger("person_dp.session")
 
@@ -222,6 +224,12 @@ def build_session(
         # PATH, which may lack numpy/pyarrow); default it to this process's interpreter, the
         # project's environment. spark-submit's own settings are left alone.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if not submitted:
+        # the native aggregates (spark_jobs/spark/native.py): on the driver's and executors'
+        # classpath when built; under spark-submit they come with --jars (person-dp spark-jars)
+        jar = native_jar()
+        if jar is not None and native_wanted():
+            settings["spark.jars"] = ",".join([j for j in settings.get("spark.jars", "").split(",") if j] + [str(jar)])
     settings = with_jit_option(settings, preset, submitted, set() if submitted else _defaults_keys(spark_defaults_file()))
     for k, v in settings.items():
         builder = builder.config(k, v)

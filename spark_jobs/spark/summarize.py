@@ -18,15 +18,18 @@ Record rules (documented in README.md):
   below 2**98, :data:`dplib.summary.CLAMP`), and magnitudes below 2**-98 (~3.2e-30) keep only
   their bits above 2**-150 (~7e-46; truncated toward zero): per-record transforms that leave real
   data untouched (rescale a column whose values live outside [1e-29, 1e29]).
-- the person's mean is the exact fixed-point sum of :mod:`dplib.summary` divided by the count:
-  each value becomes eight signed 31-bit limbs of ``floor(|v| 2**150)``, summed per person as
-  64-bit integers (exact; Spark reduces them map-side like a plain ``sum``), then added high limb
-  first in double. It depends only on the person's own values, never on partitioning or shuffle
-  order, and :func:`dplib.summary.person_mean` is its numpy twin (bit for bit, tested). A limb
-  sum could overflow only beyond 2**32 records of one person: Spark's ANSI mode (the default of
+- the person's mean is the exact fixed-point sum of :mod:`dplib.summary` divided by the count.
+  Two implementations, equal bit for bit (tested, with the numpy twin
+  :func:`dplib.summary.person_mean`): the native aggregate ``person_dp_exact_sums`` of the jar
+  (:mod:`spark_jobs.spark.native`: per value, two of five carry-normalised base-2**62 digits
+  updated; used when the jar is loaded), and the pure Spark SQL fallback (each value becomes
+  eight signed 31-bit limbs of ``floor(|v| 2**150)``, summed per person as 64-bit integers, then
+  carried into canonical digits). Both reduce map-side like a plain ``sum`` and depend only on
+  the person's own values, never on partitioning or shuffle order. A limb sum of the SQL path
+  could overflow only beyond 2**32 records of one person: Spark's ANSI mode (the default of
   Spark 4) then fails the job; with ANSI mode switched off the sum wraps, which is still
-  order-independent (no privacy effect) but gives that person a wrong mean. Cap such persons'
-  records (``max_records_per_person``).
+  order-independent (no privacy effect) but gives that person a wrong mean (the native digits
+  never overflow). Cap such persons' records (``max_records_per_person``).
 - record capping (``max_records_per_person = R``, off by default): a person with more than R
   records keeps R of them, drawn uniformly without replacement by the salted keyed-hash order of
   :mod:`dplib.distribution.batches` (record ``r`` of person ``p`` gets the key
@@ -53,12 +56,15 @@ from dplib.distribution.batches import KEY_HEX_DIGITS
 from dplib.errors import InvalidParameterError
 from dplib.groups import derive_salt, is_salt
 from dplib.summary import CLAMP, LIMB_BITS, LIMBS, SHIFT, check_record_cap
+from spark_jobs.spark.native import enabled as native_enabled
 from spark_jobs.spark.keys import group_index, number_copies, valid_id, with_record_key, with_salt
 from spark_jobs.spark.sqlnames import qcol
 
 #: The cap's keys use ``derive_salt(salt, CAP_SALT_TAG)``: an order of their own, independent of
 #: the distribution batches' draws and of the group index.
 CAP_SALT_TAG = "record-cap"
+
+_MASK31 = (1 << LIMB_BITS) - 1
 
 
 def summarize(
@@ -120,21 +126,71 @@ def summarize(
     # aggregation: the same persons as dropping the records first (validity is a function of the
     # grouping key), with the string test (trim + compare) run once per group, not per record.
     names = [f"_u{i}" for i in range(len(value_columns))]
-    rows = df.select(uid.cast("string").alias("_pid"), *[_usable(c).alias(n) for c, n in zip(value_columns, names)])
-    per_person = _limb_sums(rows, value_columns, names)
+    native = native_enabled(df.sparkSession)
+    # the native aggregate applies the value rules itself (NaN/inf dropped, clamp): it reads the
+    # doubles as they are
+    value = _as_double if native else _usable
+    rows = df.select(uid.cast("string").alias("_pid"), *[value(c).alias(n) for c, n in zip(value_columns, names)])
+    per_person = _person_sums(rows, value_columns, names, native)
     # (Spark pushes a filter on a grouping key below the aggregation; tying the test to an
     # aggregate output keeps it above: every group has a count >= 0.)
     kept = F.when(qcol(f"_m_{value_columns[0]}") >= 0, valid_id(F.col("_pid"), null_values)).otherwise(F.lit(False))
     return _finish(per_person.where(kept), value_columns, salt_hex, m_min, keep_id)
 
 
+def _as_double(c):
+    """A value column as a double (CSV strings: a non-number becomes null, dropped)."""
+    return qcol(c).try_cast("double")
+
+
 def _usable(c):
     """A value column as the summary uses it: double, non-finite -> null, clamped to
     ``[-CLAMP, CLAMP]``."""
-    v = qcol(c).try_cast("double")  # CSV strings: a non-number becomes null (dropped)
+    v = _as_double(c)
     # Spark's least/greatest skip nulls (greatest(null, x) = x): test for null first.
     bad = v.isNull() | F.isnan(v) | (F.abs(v) == F.lit(float("inf")))
     return F.when(bad, F.lit(None).cast("double")).otherwise(F.least(F.greatest(v, F.lit(-CLAMP)), F.lit(CLAMP)))
+
+
+def _person_sums(rows, value_columns, names, native: bool):
+    """``(_pid, <names>: doubles)`` -> ``(_pid, _m_<col>, _t_<col>)``: per person the count of
+    usable values and their exact total (:mod:`dplib.summary`), in one aggregation by ``_pid``.
+
+    ``native``: the jar's ``person_dp_exact_sums`` (:mod:`spark_jobs.spark.native`; it applies
+    the value rules of :func:`_usable` itself); else the pure SQL path (:func:`_limb_sums` over
+    :func:`_usable` values, then :func:`_total_from_limbs`). The two agree bit for bit."""
+    if native:
+        per = rows.groupBy("_pid").agg(F.expr(f"person_dp_exact_sums({', '.join(names)})").alias("_x"))
+        cols = []
+        for i, c in enumerate(value_columns):
+            cols += [F.col("_x").getField(f"m{i}").alias(f"_m_{c}"), F.col("_x").getField(f"total{i}").alias(f"_t_{c}")]
+        return per.select("_pid", *cols)
+    return _total_from_limbs(_limb_sums(rows, value_columns, names), value_columns)
+
+
+def _total_from_limbs(per_person, value_columns):
+    """``(_pid, _m_<col>, _s<i>_<col>)`` -> ``(_pid, _m_<col>, _t_<col>)``: the limb sums carried
+    into the canonical base-2**31 digits and added high digit first
+    (:func:`dplib.summary.total_from_limb_sums`). One select per carry step: Spark does not
+    inline a non-trivial column into two uses, so each step is computed once."""
+    df = per_person
+    for c in value_columns:
+        df = df.withColumn(f"_c_{c}", F.lit(0).cast("long"))
+    for i in range(LIMBS):
+        steps = []
+        for c in value_columns:
+            t = qcol(f"_s{i}_{c}") + qcol(f"_c_{c}")  # |t| < 2**63 below 2**32 records (docstring)
+            steps += [t.bitwiseAND(F.lit(_MASK31)).alias(f"_e{i}_{c}"), F.shiftright(t, LIMB_BITS).alias(f"_c_{c}")]
+        keep = [x for x in df.columns if not x.startswith("_c_") and not (x.startswith(f"_s{i}_"))]
+        df = df.select(*[qcol(x) for x in keep], *steps)
+    totals = []
+    for c in value_columns:
+        digits = [qcol(f"_e{i}_{c}") for i in range(LIMBS)] + [qcol(f"_c_{c}")]
+        total = F.lit(0.0)
+        for i in range(LIMBS, -1, -1):  # high digit first, as dplib.summary.total_from_limb_sums
+            total = total + digits[i].cast("double") * F.lit(math.ldexp(1.0, LIMB_BITS * i - SHIFT))
+        totals.append(total.alias(f"_t_{c}"))
+    return df.select("_pid", *[qcol(f"_m_{c}") for c in value_columns], *totals)
 
 
 def _limb_sums(rows, value_columns, names):
@@ -183,17 +239,12 @@ def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
     # the kept records, one row each, summed like uncapped records (the rows are already
     # partitioned by person: no second shuffle)
     kept = per.select("_pid", F.explode("_kept").alias("_r")).select("_pid", *[F.col("_r").getField(n).alias(n) for n in names])
-    return _limb_sums(kept, value_columns, names)
+    return _person_sums(kept, value_columns, names, native_enabled(records.sparkSession))
 
 
 def _finish(per_person, value_columns, salt_hex, m_min, keep_id):
-    """``(_pid, _m_<col>, _s<i>_<col>)`` (:func:`_limb_sums`) -> the summary columns."""
-    means = []
-    for c in value_columns:
-        total = F.lit(0.0)
-        for i in range(LIMBS - 1, -1, -1):  # high limb first, as dplib.summary.total_from_limb_sums
-            total = total + qcol(f"_s{i}_{c}").cast("double") * F.lit(math.ldexp(1.0, LIMB_BITS * i - SHIFT))
-        means.append(F.when(qcol(f"_m_{c}") > 0, total / qcol(f"_m_{c}")).alias(f"_avg_{c}"))
+    """``(_pid, _m_<col>, _t_<col>)`` (:func:`_person_sums`) -> the summary columns."""
+    means = [F.when(qcol(f"_m_{c}") > 0, qcol(f"_t_{c}") / qcol(f"_m_{c}")).alias(f"_avg_{c}") for c in value_columns]
     per_person = per_person.select("_pid", *[qcol(f"_m_{c}") for c in value_columns], *means)
     per_person = with_salt(per_person, salt_hex)  # the salt as data, never a literal (keys.py)
     cols = [group_index().alias("_group")] + ([F.col("_pid")] if keep_id else [])

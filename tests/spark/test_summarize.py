@@ -17,7 +17,25 @@ pytestmark = pytest.mark.spark
 SALT = "0f" * 32
 
 
-def test_summarize_matches_pandas(spark):
+@pytest.fixture(params=["native", "sql"])
+def path(request, spark, monkeypatch):
+    """Both implementations of the per-person sums: the jar's aggregate and the pure Spark SQL
+    fallback (``PERSON_DP_NATIVE=0``). The native one must be there (``make test`` builds it)."""
+    from spark_jobs.spark import native
+
+    if request.param == "sql":
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
+        assert not native.enabled(spark)
+    else:
+        assert native.enabled(spark), "the native jar is not loaded: run `make native` (make test does)"
+    return request.param
+
+
+def _uses_native(df) -> bool:
+    return "person_dp_exact_sums" in df._jdf.queryExecution().executedPlan().toString()
+
+
+def test_summarize_matches_pandas(spark, path):
     rows = [
         ("u1", 1.0, 10.0), ("u1", 3.0, float("nan")), ("u1", float("inf"), 2.0),
         ("u2", -5.0, None), ("u2", None, 4.0),
@@ -63,7 +81,7 @@ def test_m_min_and_integer_ids(spark):
     assert by_group[gi[3]][0] == pytest.approx(7.0)
 
 
-def test_huge_values_do_not_overflow(spark):
+def test_huge_values_do_not_overflow(spark, path):
     df = spark.createDataFrame([("a", 1e308), ("a", 1e308), ("b", -1e308)], "uid string, x double")
     got = summarize(df, "uid", ["x"], SALT).toPandas()
     assert np.all(np.isfinite(got["x"].to_numpy(dtype=float)))
@@ -86,7 +104,7 @@ def test_no_python_udf_and_salt_not_in_plan(spark):
     assert SALT not in plan
 
 
-def test_person_mean_independent_of_partitioning(spark):
+def test_person_mean_independent_of_partitioning(spark, path):
     """Spark's avg adds in shuffle order; summarize sums exact fixed-point limbs, so the person
     mean does not depend on how the records are partitioned (found: avg gave 0.9999999999999999
     or 1.0) and equals the numpy twin."""
@@ -102,7 +120,7 @@ def test_person_mean_independent_of_partitioning(spark):
     assert sum([1.4, 0.5, 1.9, 0.2] * 5) / 20 != math.fsum([1.4, 0.5, 1.9, 0.2] * 5) / 20 == person_mean([1.4, 0.5, 1.9, 0.2] * 5)
 
 
-def test_csv_ids_are_strings_and_bad_tokens_dropped(spark, tmp_path):
+def test_csv_ids_are_strings_and_bad_tokens_dropped(spark, path, tmp_path):
     """CSV is read without schema inference: "007" and "7" are two persons, and a non-numeric
     value token is dropped like NaN (it cannot make the job fail)."""
     from spark_jobs.spark.io import read_records, validate_schema
@@ -129,7 +147,7 @@ def _tricky_values(rng):
     return [float(v) for v in vals]
 
 
-def test_person_mean_equals_the_numpy_twin_bit_for_bit(spark):
+def test_person_mean_equals_the_numpy_twin_bit_for_bit(spark, path):
     """Bit for bit against dplib.summary.person_mean (an independent implementation: frexp and
     integer shifts in numpy, where Spark uses double arithmetic): persons of many mixed values,
     every value alone, any partitioning; inside the fixed-point window the mean is the exact
@@ -142,6 +160,7 @@ def test_person_mean_equals_the_numpy_twin_bit_for_bit(spark):
     for pid, v in rows:
         by_id.setdefault(pid, []).append(v)
     gi = dict(zip(group_index(ids, SALT), ids))
+    assert _uses_native(summarize(df, "uid", ["x"], SALT)) == (path == "native")
     for parts in (1, 5):
         got = summarize(df.repartition(parts), "uid", ["x"], SALT).toPandas()
         assert len(got) == len(ids)
@@ -156,6 +175,70 @@ def test_person_mean_equals_the_numpy_twin_bit_for_bit(spark):
     assert person_mean([1e300, 1e300]) == CLAMP and person_mean([-1e308]) == -CLAMP
     assert person_mean([2.5 * 2.0**-150]) == 2 * 2.0**-150 and person_mean([-2.5 * 2.0**-150]) == -2 * 2.0**-150
     assert person_mean([3e-46]) == 0.0 and person_mean([5e-324]) == 0.0
+
+
+def test_native_and_sql_paths_agree_bit_for_bit(spark, monkeypatch):
+    """The jar's five carry-normalised digits and the SQL path's eight limb sums give the same
+    totals: persons of many records whose sums carry across digits and limbs (values near
+    2**62 / 2**31 digit boundaries of the fixed point, both signs, cancellations to zero and to
+    one ulp), d = 3 columns with NaN / inf / null / CSV strings, several partitionings."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.spark import native
+
+    rng = np.random.default_rng(3)
+    big = [math.ldexp(1.0, k) - math.ldexp(1.0, k - 53) for k in (-88, -26, 36, 97)]  # all-ones mantissas
+    rows = []
+    for p in range(60):
+        n = [1, 2, 50, 700][p % 4]
+        for j in range(n):
+            x = big[p % 4] * (1 if (j + p) % 3 else -1)
+            y = float(rng.standard_normal() * 10 ** rng.uniform(-30, 29))
+            z = [float("nan"), float("inf"), None, float(j)][j % 4] if p % 5 == 0 else float(rng.integers(-9, 9))
+            rows.append((f"p{p}", x, y, z))
+    rows += [("c", 1.0, 0.1, 1e29), ("c", -1.0, 0.2, -1e29), ("c", 5e-324, 0.3, 1e-300)]
+    df = spark.createDataFrame(rows, "uid string, x double, y double, z double").withColumn("w", F.col("y").cast("string"))
+    cols = ["x", "y", "z", "w"]
+    assert native.enabled(spark)
+    got = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv(native.ENV_SWITCH, mode)
+        for parts in (1, 7):
+            s = summarize(df.repartition(parts), "uid", cols, SALT)
+            assert _uses_native(s) == (mode == "1")
+            got[(mode, parts)] = s.toPandas().sort_values("_group").reset_index(drop=True)
+    first = got[("1", 1)]
+    for k, frame in got.items():
+        pd.testing.assert_frame_equal(frame, first, check_exact=True, obj=str(k))
+    by_id = {}
+    for r in rows:
+        by_id.setdefault(r[0], []).append(r)
+    gi = dict(zip(group_index(list(by_id), SALT), by_id))
+    for _, row in first.iterrows():
+        recs = by_id[gi[int(row["_group"])]]
+        for i, c in enumerate(("x", "y", "z")):
+            vals = [r[1 + i] for r in recs if r[1 + i] is not None and math.isfinite(r[1 + i])]
+            assert row[f"_m_{c}"] == len(vals)
+            assert (math.isnan(row[c]) if not vals else row[c] == person_mean(vals))
+    assert first["w"].equals(first["y"])  # strings parsed to the same doubles
+
+
+def test_native_aggregate_refuses_a_bad_call(spark):
+    """The registered function checks its arguments (Spark's analysis error, not a crash)."""
+    from spark_jobs.spark import native
+
+    assert native.enabled(spark)
+    df = spark.createDataFrame([("a", 1.0)], "uid string, x double")
+    with pytest.raises(Exception, match="person_dp_exact_sums takes at least one argument"):
+        df.groupBy("uid").agg(F_expr("person_dp_exact_sums()")).collect()
+    with pytest.raises(Exception, match="(?i)data type|DATATYPE_MISMATCH"):
+        df.groupBy("uid").agg(F_expr("person_dp_exact_sums(array(x))")).collect()
+
+
+def F_expr(text):
+    from pyspark.sql import functions as F
+
+    return F.expr(text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,7 +270,7 @@ def _capped_oracle(df, cols, cap):
     return out
 
 
-def test_capping_matches_the_keyed_hash_reference(spark):
+def test_capping_matches_the_keyed_hash_reference(spark, path):
     """Bit for bit against the hashlib reference: persons above, at and below the cap; exact
     duplicate records above the cap, the same duplicates in two persons; NaN, +-inf and nulls in a
     person above the cap (cap first, then the per-column rules); shuffled row orders and several

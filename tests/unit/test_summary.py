@@ -13,7 +13,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from dplib.summary import CLAMP, LIMB_BITS, LIMBS, SHIFT, limbs, person_mean, person_sums, total_from_limb_sums
+from dplib.summary import (
+    CLAMP, LIMB_BITS, LIMBS, SHIFT, canonical_digits, limbs, person_mean, person_sums, total_from_limb_sums,
+    totals_from_limb_sums,
+)
 
 
 def _q(v: float) -> int:
@@ -41,7 +44,7 @@ def test_limbs_rebuild_the_exact_fixed_point_integer():
         assert np.all(row * np.sign(x) >= 0)  # every limb carries the value's sign
 
 
-def test_total_is_the_high_limb_first_double_sum_and_close_to_exact():
+def test_total_is_the_high_digit_first_double_sum_and_close_to_exact():
     v = _values(4)
     inv = np.arange(v.size) % 7
     got = person_sums(v, inv, 8)
@@ -51,12 +54,33 @@ def test_total_is_the_high_limb_first_double_sum_and_close_to_exact():
         # limb sums rebuilt from the exact integer: S_i of sum of signed limbs
         lim = limbs(v[inv == p]).sum(axis=0)
         assert sum(int(a) << (LIMB_BITS * i) for i, a in enumerate(lim)) == s
+        # the canonical digits of the exact integer s, added high first
+        digits = [(s >> (LIMB_BITS * i)) & ((1 << LIMB_BITS) - 1) for i in range(LIMBS)] + [s >> (LIMB_BITS * LIMBS)]
         want = 0.0
-        for i in range(LIMBS - 1, -1, -1):
-            want = want + float(int(lim[i])) * math.ldexp(1.0, LIMB_BITS * i - SHIFT)
+        for i in range(LIMBS, -1, -1):
+            want = want + float(digits[i]) * math.ldexp(1.0, LIMB_BITS * i - SHIFT)
         assert got[p] == want == total_from_limb_sums(lim)
         assert got[p] == pytest.approx(float(Fraction(s, 2**SHIFT)), rel=1e-14, abs=2.0**-140)
     assert got[7] == 0.0  # a person without values
+
+
+def test_totals_depend_on_the_exact_sum_only():
+    """Two limb-sum vectors of the same integer (a carry moved between limbs) give the same
+    total; the vectorised carry chain equals the Python-int one, with mixed signs and at the
+    extremes (limb sums near 2**31 * 2**32)."""
+    rng = np.random.default_rng(11)
+    sums = rng.integers(-(2**62), 2**62, size=(400, LIMBS), dtype=np.int64)
+    sums[:50] = rng.integers(-(2**31), 2**31, size=(50, LIMBS))
+    sums[50:60] = 0
+    sums[60, :] = 2**62
+    sums[61, :] = -(2**62)
+    moved = sums.copy()
+    moved[:, 3] += 1 << LIMB_BITS  # + 2**(31*4) ...
+    moved[:, 4] -= 1  # ... - 2**(31*4): the same integer
+    want = [total_from_limb_sums(r) for r in sums]
+    assert list(totals_from_limb_sums(sums)) == want == [total_from_limb_sums(r) for r in moved]
+    assert list(totals_from_limb_sums(moved)) == want
+    assert canonical_digits(sums[60])[-1] == sum(2**62 << (LIMB_BITS * i) for i in range(LIMBS)) >> (LIMB_BITS * LIMBS)
 
 
 def test_inside_the_window_the_sum_is_exact():

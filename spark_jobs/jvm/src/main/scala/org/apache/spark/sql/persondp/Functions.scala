@@ -1,0 +1,30 @@
+package org.apache.spark.sql.persondp
+
+import org.apache.spark.sql.classic.SparkSession
+import org.apache.spark.sql.catalyst.expressions.Expression
+
+/** Registers person-dp's native aggregates as temporary functions of a session (called from
+  * Python through py4j: spark_jobs/spark/native.py). */
+object Functions {
+  /** The jar's interface version: spark_jobs/spark/native.py refuses a jar of another version. */
+  val VERSION: Int = 1
+
+  def register(spark: SparkSession): Unit = {
+    spark.sessionState.functionRegistry.createOrReplaceTempFunction(
+      "person_dp_exact_sum",
+      (children: Seq[Expression]) => {
+        if (children.length != 1) {
+          throw new IllegalArgumentException(s"person_dp_exact_sum takes one argument, got ${children.length}")
+        }
+        ExactSum(children.head)
+      },
+      "scala_udf")
+    spark.sessionState.functionRegistry.createOrReplaceTempFunction(
+      "person_dp_exact_sums",
+      (children: Seq[Expression]) => {
+        if (children.isEmpty) throw new IllegalArgumentException("person_dp_exact_sums takes at least one argument")
+        ExactSums(children)
+      },
+      "scala_udf")
+  }
+}
