@@ -58,6 +58,7 @@ from dplib.errors import InvalidParameterError
 from dplib.groups import GroupRange, is_salt
 from spark_jobs.spark.aggregates import exact_sums
 from spark_jobs.spark.io import FLOAT_TYPES, INTEGER_TYPES
+from spark_jobs.spark.native import enabled as native_enabled
 from spark_jobs.spark.keys import group_index, in_group, number_copies, valid_id, with_record_key, with_salt
 from spark_jobs.spark.sqlnames import qcol
 
@@ -207,11 +208,15 @@ def _bottom_k_batches(df, unit_column, category_column, categories, m, salt_hex,
     """The ``"bottomk"`` plan (module docstring): hash-aggregated counts of identical records, one
     key per copy, a bounded ``min_by`` per person."""
     k = len(categories) + 1
+    native = native_enabled(df.sparkSession)
     if _label_columns(label_columns, category_column) == [category_column]:
-        # Records named by their category alone (the default): count (person, category) with
-        # map-side partial aggregation (the shuffle of a plain person x category count), then
+        # Records named by their category alone (the default): count (person, category), then
         # name each group once. The same labels, keys and draws as the per-record path below.
-        counted = _category_counts(df, unit_column, category_column, categories, salt_hex, null_values)
+        # Native: the records are shuffled by person once and the counts and the bottom-k run in
+        # the partition (measured faster than a map-side count and a second exchange of the
+        # (person, label) rows); SQL path: map-side partial counts, as a plain
+        # groupBy(person, category).count(), then a second exchange by person.
+        counted = _category_counts(df, unit_column, category_column, categories, salt_hex, null_values, by_person=native)
     else:
         rec = _labelled_records(df, unit_column, category_column, categories, salt_hex, label_columns, null_values)
         # One shuffle by person; everything after it stays in the partition (hash partitioning
@@ -220,11 +225,17 @@ def _bottom_k_batches(df, unit_column, category_column, categories, m, salt_hex,
         # Identical records share (person, label) (and so the category, which is part of the
         # label): a hash aggregation counts them inside the partition (no sort).
         counted = rec.groupBy("_pid", "_label", "_cat").agg(F.count(F.lit(1)).alias("_cnt"))
-    # number identical records 0..cnt-1 (which copy gets which number is immaterial)
-    numbered = number_copies(counted, ["_pid", "_label", "_cat"])
-    keyed = with_record_key(numbered, salt_hex)
-    order = F.struct(F.substring("_key", 1, 2 * KEY_HEX_DIGITS).alias("key"), F.col("_cat").alias("cat"))
-    per = keyed.groupBy("_pid").agg(F.min_by("_cat", order, m).alias("_cats"))
+    if native:
+        # the jar's bounded bottom-k (spark_jobs/spark/native.py): the same keys per copy, computed
+        # inside a mergeable per-person aggregate (no row per copy, no sort)
+        salted = with_salt(counted, salt_hex)
+        per = salted.groupBy("_pid").agg(F.expr(f"person_dp_bottom_k(_salt, _pid, _label, _cnt, _cat, {int(m)})").alias("_cats"))
+    else:
+        # number identical records 0..cnt-1 (which copy gets which number is immaterial)
+        numbered = number_copies(counted, ["_pid", "_label", "_cat"])
+        keyed = with_record_key(numbered, salt_hex)
+        order = F.struct(F.substring("_key", 1, 2 * KEY_HEX_DIGITS).alias("key"), F.col("_cat").alias("cat"))
+        per = keyed.groupBy("_pid").agg(F.min_by("_cat", order, m).alias("_cats"))
     # fewer than m records: fewer than m kept (policy "drop")
     per = _with_group(per.where(F.size("_cats") == F.lit(m)), salt_hex)
     # count of category j among the m kept = m - size(array_remove(cats, j)) (native, no lambda)
@@ -232,18 +243,34 @@ def _bottom_k_batches(df, unit_column, category_column, categories, m, salt_hex,
     return per.select("_group", counts.cast("array<int>").alias("counts"))
 
 
-def _category_counts(df, unit_column, category_column, categories, salt_hex, null_values):
+def _category_counts(df, unit_column, category_column, categories, salt_hex, null_values, by_person=False):
     """``(_pid, _label, _cat, _cnt)`` for records named by their category alone: one row per
     (person, category value), ``_label`` the SHA-256 hex of ``to_json(struct(category))`` (as
-    :func:`_labelled_records` computes it per record), ``_cnt`` the person's records of it."""
+    :func:`_labelled_records` computes it per record), ``_cnt`` the person's records of it.
+
+    ``by_person``: shuffle the records by person first (one exchange; the counts and a per-person
+    aggregate after them stay in the partition) instead of counting map-side before a shuffle
+    by (person, value)."""
     records, pid, cat = _checked_records(df, unit_column, category_column, categories, salt_hex, [category_column], null_values)
-    # grouped by the JSON text itself (not the raw value: grouping normalises -0.0 and NaN of a
-    # floating category column, the per-record path does not)
-    counted = (
-        records.select(pid, F.to_json(F.struct(qcol(category_column))).alias("_json"), cat)
-        .groupBy("_pid", "_json", "_cat")
-        .agg(F.count(F.lit(1)).alias("_cnt"))
-    )
+    if type(records.schema[category_column].dataType).__name__ in FLOAT_TYPES:
+        # grouped by the JSON text itself (not the raw value: grouping normalises -0.0 and NaN of
+        # a floating category column, the per-record path does not)
+        rows = records.select(pid, F.to_json(F.struct(qcol(category_column))).alias("_json"), cat)
+        counted = (
+            (rows.repartition("_pid") if by_person else rows)
+            .groupBy("_pid", "_json", "_cat")
+            .agg(F.count(F.lit(1)).alias("_cnt"))
+        )
+    else:
+        # any other type: equal values have equal JSON, so the JSON is formatted once per
+        # (person, value) group, not once per record
+        rows = records.select(pid, qcol(category_column).alias("_v"), cat)
+        counted = (
+            (rows.repartition("_pid") if by_person else rows)
+            .groupBy("_pid", "_v", "_cat")
+            .agg(F.count(F.lit(1)).alias("_cnt"))
+            .select("_pid", F.to_json(F.struct(F.col("_v").alias(category_column))).alias("_json"), "_cat", "_cnt")
+        )
     return counted.select("_pid", F.sha2(F.col("_json"), 256).alias("_label"), "_cat", "_cnt")
 
 

@@ -16,6 +16,7 @@ literals are printed in query plans (Spark UI, event logs, ``explain()``), table
 
 from __future__ import annotations
 
+import pyarrow as pa
 from pyspark.sql import functions as F
 
 from dplib.distribution.batches import KEY_SEPARATOR
@@ -34,8 +35,12 @@ def valid_id(col, null_values):
 
 
 def with_salt(df, salt_hex: str):
-    """``df`` with a ``_salt`` column: the salt joined as data (a broadcast one-row table)."""
-    salt_df = df.sparkSession.createDataFrame([(salt_hex,)], "_salt string")
+    """``df`` with a ``_salt`` column: the salt joined as data (a broadcast one-row table).
+
+    The table is made from an Arrow table (decoded in the JVM): a table made from a Python list
+    is an RDD whose one row a Python worker must produce in every job that reads it (~0.15 s a
+    pass)."""
+    salt_df = df.sparkSession.createDataFrame(pa.table({"_salt": pa.array([salt_hex], pa.string())}))
     return df.crossJoin(F.broadcast(salt_df))
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 log = logging.getLogger("person_dp.native")
 
 #: Interface version the Python side expects (``Functions.VERSION`` in the jar).
-JAR_VERSION = 1
+JAR_VERSION = 2
 JAR_NAME = "person-dp-native.jar"
 ENV_SWITCH = "PERSON_DP_NATIVE"
 
@@ -74,3 +74,13 @@ def enabled(spark) -> bool:
                     type(exc).__name__)
     _registered[spark] = ok
     return ok
+
+
+#: The SQL names of the jar's functions.
+FUNCTIONS = ("person_dp_exact_sums", "person_dp_exact_sum", "person_dp_bottom_k")
+
+
+def plan_uses_native(df) -> bool:
+    """True when ``df``'s physical plan runs one of the jar's aggregates (tests, diagnostics)."""
+    plan = df._jdf.queryExecution().executedPlan().toString()
+    return any(f in plan for f in FUNCTIONS)

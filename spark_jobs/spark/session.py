@@ -44,6 +44,11 @@ DEFAULT_CONF = {
     "spark.sql.shuffle.partitions": "8",
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.sql.session.timeZone": "UTC",
+    # Object-buffer aggregates (the native per-person bottom-k, spark_jobs/spark/native.py) keep a
+    # hash map of persons per task up to this many keys before falling back to sort-based
+    # aggregation (Spark's default 128 makes every pass over more persons sort its input rows;
+    # 100,000 persons of an m = 10 heap hold ~60 MB).
+    "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "100000",
     # Secure by default (SECURITY.md): Spark's web UI and its REST API show each stage's exact
     # "number of output rows" (records, persons, group sizes) to anyone who reaches the port, and
     # an event log writes the same to disk. Off unless the operator turns them on knowingly.

@@ -232,14 +232,20 @@ def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
     # reads, so copies hold the same values). A hash aggregation counts them inside the
     # partition (no sort; hash partitioning by person satisfies the (person, label) clustering).
     counted = rec.groupBy("_pid", "_label", "_rec").agg(F.count(F.lit(1)).alias("_cnt"))
-    numbered = number_copies(counted, ["_pid", "_label", "_rec"])
-    keyed = with_record_key(numbered, salt_hex, keep=("_rec",))
-    order = F.struct(F.substring("_key", 1, 2 * KEY_HEX_DIGITS).alias("key"), F.col("_rec").alias("rec"))
-    per = keyed.groupBy("_pid").agg(F.min_by("_rec", order, cap).alias("_kept"))
+    native = native_enabled(records.sparkSession)
+    if native:
+        # the jar's bounded bottom-k: the same key per copy inside a per-person aggregate
+        per = with_salt(counted, salt_hex).groupBy("_pid").agg(
+            F.expr(f"person_dp_bottom_k(_salt, _pid, _label, _cnt, _rec, {int(cap)})").alias("_kept"))
+    else:
+        numbered = number_copies(counted, ["_pid", "_label", "_rec"])
+        keyed = with_record_key(numbered, salt_hex, keep=("_rec",))
+        order = F.struct(F.substring("_key", 1, 2 * KEY_HEX_DIGITS).alias("key"), F.col("_rec").alias("rec"))
+        per = keyed.groupBy("_pid").agg(F.min_by("_rec", order, cap).alias("_kept"))
     # the kept records, one row each, summed like uncapped records (the rows are already
     # partitioned by person: no second shuffle)
     kept = per.select("_pid", F.explode("_kept").alias("_r")).select("_pid", *[F.col("_r").getField(n).alias(n) for n in names])
-    return _person_sums(kept, value_columns, names, native_enabled(records.sparkSession))
+    return _person_sums(kept, value_columns, names, native)
 
 
 def _finish(per_person, value_columns, salt_hex, m_min, keep_id):

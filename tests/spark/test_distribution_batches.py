@@ -12,7 +12,9 @@ import pytest
 
 from dplib.distribution.batches import NumpyBatches, moments_from_histogram
 from dplib.groups import ALL_PERSONS, GroupRange
+from spark_jobs.spark import native
 from spark_jobs.spark.batches import SparkBatchAggregates, person_batches
+from spark_jobs.spark.native import plan_uses_native as uses_native
 
 pytestmark = pytest.mark.spark
 
@@ -46,16 +48,22 @@ def frame(spark):
     return rows, df
 
 
-@pytest.mark.parametrize("plan", ["bottomk", "collect", "window"])
+@pytest.mark.parametrize("plan", ["bottomk", "bottomk-sql", "collect", "window"])
 @pytest.mark.parametrize("label_columns", [None, ["pid", "dest", "flight"], ["flight"]], ids=["default", "all", "flight"])
-def test_spark_batches_equal_numpy_twin(spark, frame, plan, label_columns):
+def test_spark_batches_equal_numpy_twin(spark, frame, plan, label_columns, monkeypatch):
     """Default labels (the category alone: bottomk counts (person, category) before the
     shuffle), every column, and a column list the category is added to (after it)."""
     rows, df = frame
     m = 4
     cols = ["dest"] if label_columns is None else label_columns + ([] if "dest" in label_columns else ["dest"])
     twin = NumpyBatches([r["pid"] for r in rows], [r["dest"] for r in rows], _labels(rows, cols), CATS, m, SALT)
-    batches = person_batches(df, "pid", "dest", CATS, m, SALT, label_columns=label_columns, null_values=[], plan=plan).collect()
+    if plan == "bottomk-sql":  # the default plan without the native jar: Spark's min_by
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
+        plan = "bottomk"
+    out = person_batches(df, "pid", "dest", CATS, m, SALT, label_columns=label_columns, null_values=[], plan=plan)
+    if plan == "bottomk":
+        assert uses_native(out) == native.enabled(spark) == (native.wanted())
+    batches = out.collect()
     got = sorted((int(r["_group"]), tuple(r["counts"])) for r in batches)
     want = sorted((int(g), tuple(int(x) for x in c)) for g, c in zip(twin.group, twin.counts))
     assert got == want
@@ -142,7 +150,7 @@ def _twin_rows(rows, m, cols=("dest",)):
     return sorted((int(g), tuple(int(x) for x in c)) for g, c in zip(twin.group, twin.counts))
 
 
-def test_bottomk_with_many_identical_records(spark):
+def test_bottomk_with_many_identical_records(spark, path):
     """Persons whose records are mostly exact copies (2-3 distinct rows, 5-40 records): the
     duplicate numbering decides which copies are kept; bottom-k == numpy twin for m from 1 to
     above most persons' record counts, with an independent check of who is kept."""
@@ -174,24 +182,27 @@ def test_bottomk_falls_back_to_window_above_the_min_by_limit(spark, frame, monke
     got = sorted((int(r["_group"]), tuple(r["counts"])) for r in plan.collect())
     assert got == _twin_rows(rows, 3)
     monkeypatch.setattr(sb, "BOTTOM_K_LIMIT", 100_000)
-    assert "min_by" in sb.person_batches(df, "pid", "dest", CATS, 3, SALT, null_values=[])._jdf.queryExecution().optimizedPlan().toString()
+    assert uses_native(sb.person_batches(df, "pid", "dest", CATS, 3, SALT, null_values=[]))
 
 
-def test_bottomk_plan_shuffles_the_records_once(spark, frame):
+def test_bottomk_plan_shuffles_the_records_once(spark, frame, path):
     """The default plan moves each record across the network once: with every column as the
     label, one exchange of the records by person; with the category as the label (default),
-    the records leave their task only as partial (person, label, category) counts, and a second
-    exchange moves those count rows by person (the salt and the final aggregate only add
-    broadcasts / a single row)."""
+    native: the same single exchange; SQL path: the records leave their task only as partial
+    (person, label, category) counts, and a second exchange moves those count rows by person
+    (the salt and the final aggregate only add broadcasts / a single row)."""
     _, df = frame
     out = person_batches(df, "pid", "dest", CATS, 2, SALT, label_columns=["pid", "dest", "flight"], null_values=[])
     plan = out._jdf.queryExecution().executedPlan().toString()
     assert plan.count("Exchange hashpartitioning") == 1, plan
     plan = person_batches(df, "pid", "dest", CATS, 2, SALT, null_values=[])._jdf.queryExecution().executedPlan().toString()
+    if path == "native":  # the records by person once; counts and bottom-k in the partition
+        assert plan.count("Exchange hashpartitioning") == 1, plan
+        return
     assert plan.count("Exchange hashpartitioning") == 2, plan
     lines = plan.splitlines()
     first = max(i for i, line in enumerate(lines) if "Exchange hashpartitioning" in line)  # the one nearest the scan
-    assert "partial_count" in lines[first + 1] and "_json" in lines[first + 1], plan
+    assert "partial_count" in lines[first + 1] and "_v" in lines[first + 1], plan
 
 
 def test_copies_are_numbered_in_blocks(spark, monkeypatch):

@@ -12,27 +12,10 @@ import pytest
 from dplib.groups import group_index
 from dplib.summary import CLAMP, person_mean
 from spark_jobs.spark.summarize import summarize
+from spark_jobs.spark.native import plan_uses_native as uses_native
 
 pytestmark = pytest.mark.spark
 SALT = "0f" * 32
-
-
-@pytest.fixture(params=["native", "sql"])
-def path(request, spark, monkeypatch):
-    """Both implementations of the per-person sums: the jar's aggregate and the pure Spark SQL
-    fallback (``PERSON_DP_NATIVE=0``). The native one must be there (``make test`` builds it)."""
-    from spark_jobs.spark import native
-
-    if request.param == "sql":
-        monkeypatch.setenv(native.ENV_SWITCH, "0")
-        assert not native.enabled(spark)
-    else:
-        assert native.enabled(spark), "the native jar is not loaded: run `make native` (make test does)"
-    return request.param
-
-
-def _uses_native(df) -> bool:
-    return "person_dp_exact_sums" in df._jdf.queryExecution().executedPlan().toString()
 
 
 def test_summarize_matches_pandas(spark, path):
@@ -98,10 +81,14 @@ def test_no_value_column_is_refused(spark):
 
 def test_no_python_udf_and_salt_not_in_plan(spark):
     df = spark.createDataFrame([("a", 1.0)], "uid string, x double")
-    s = summarize(df, "uid", ["x"], SALT)
+    s = summarize(df.select("uid", "x"), "uid", ["x"], SALT)
     plan = s._jdf.queryExecution().toString()
     assert "PythonUDF" not in plan and "BatchEvalPython" not in plan and "ArrowEvalPython" not in plan
-    assert SALT not in plan
+    # the salt table is decoded in the JVM (an Arrow table), not produced by a Python worker
+    assert "applySchemaToPythonRDD" not in s._jdf.queryExecution().executedPlan().toString()
+    for mode in ("simple", "extended", "codegen", "cost", "formatted"):
+        text = spark._jvm.org.apache.spark.sql.api.python.PythonSQLUtils.explainString(s._jdf.queryExecution(), mode)
+        assert SALT not in text and SALT.upper() not in text, mode
 
 
 def test_person_mean_independent_of_partitioning(spark, path):
@@ -160,7 +147,7 @@ def test_person_mean_equals_the_numpy_twin_bit_for_bit(spark, path):
     for pid, v in rows:
         by_id.setdefault(pid, []).append(v)
     gi = dict(zip(group_index(ids, SALT), ids))
-    assert _uses_native(summarize(df, "uid", ["x"], SALT)) == (path == "native")
+    assert uses_native(summarize(df, "uid", ["x"], SALT)) == (path == "native")
     for parts in (1, 5):
         got = summarize(df.repartition(parts), "uid", ["x"], SALT).toPandas()
         assert len(got) == len(ids)
@@ -205,7 +192,7 @@ def test_native_and_sql_paths_agree_bit_for_bit(spark, monkeypatch):
         monkeypatch.setenv(native.ENV_SWITCH, mode)
         for parts in (1, 7):
             s = summarize(df.repartition(parts), "uid", cols, SALT)
-            assert _uses_native(s) == (mode == "1")
+            assert uses_native(s) == (mode == "1")
             got[(mode, parts)] = s.toPandas().sort_values("_group").reset_index(drop=True)
     first = got[("1", 1)]
     for k, frame in got.items():
@@ -306,7 +293,7 @@ def test_capping_matches_the_keyed_hash_reference(spark, path):
     pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True))
 
 
-def test_capping_neighbour_leaves_other_persons_unchanged(spark):
+def test_capping_neighbour_leaves_other_persons_unchanged(spark, path):
     """Adding a person whose records duplicate other persons' records (same labels) changes no
     other person's capped summary, bit for bit (numbering of identical records is per person)."""
     base = [("a", 1.0)] * 10 + [("a", float(v)) for v in range(5)] + [("b", 1.0)] * 8 + [("b", 9.0), ("c", 3.0)]
@@ -321,7 +308,7 @@ def test_capping_neighbour_leaves_other_persons_unchanged(spark):
     assert len(got[1]) == len(got[0]) + 1
 
 
-def test_capping_draws_uniformly_without_replacement(spark):
+def test_capping_draws_uniformly_without_replacement(spark, path):
     """2,000 persons, cap 5 of 20 records: record p of a person holds 2^p, so the kept sum is
     the bitmask of kept positions. Each position is kept by Binomial(2000, 1/4) persons
     (sd 19.4): every |z| < 4.5 (false alarm ~1e-4 over 20 cells); keeping the 5 lowest

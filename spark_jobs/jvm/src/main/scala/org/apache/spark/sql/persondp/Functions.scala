@@ -7,7 +7,7 @@ import org.apache.spark.sql.catalyst.expressions.Expression
   * Python through py4j: spark_jobs/spark/native.py). */
 object Functions {
   /** The jar's interface version: spark_jobs/spark/native.py refuses a jar of another version. */
-  val VERSION: Int = 1
+  val VERSION: Int = 2
 
   def register(spark: SparkSession): Unit = {
     spark.sessionState.functionRegistry.createOrReplaceTempFunction(
@@ -24,6 +24,22 @@ object Functions {
       (children: Seq[Expression]) => {
         if (children.isEmpty) throw new IllegalArgumentException("person_dp_exact_sums takes at least one argument")
         ExactSums(children)
+      },
+      "scala_udf")
+    spark.sessionState.functionRegistry.createOrReplaceTempFunction(
+      "person_dp_bottom_k",
+      (children: Seq[Expression]) => {
+        if (children.length != 6) {
+          throw new IllegalArgumentException(s"person_dp_bottom_k takes six arguments (salt, pid, label, cnt, value, k), got ${children.length}")
+        }
+        val kExpr = children(5)
+        if (!kExpr.foldable) throw new IllegalArgumentException("person_dp_bottom_k: k must be a constant")
+        val k = kExpr.eval() match {
+          case i: Int => i
+          case l: Long if l >= 1 && l <= Int.MaxValue => l.toInt
+          case other => throw new IllegalArgumentException(s"person_dp_bottom_k: k must be a positive integer, got $other")
+        }
+        BottomK(children(0), children(1), children(2), children(3), children(4), k)
       },
       "scala_udf")
   }
