@@ -146,7 +146,12 @@ def _as_double(c):
 def _usable(c):
     """A value column as the summary uses it: double, non-finite -> null, clamped to
     ``[-CLAMP, CLAMP]``."""
-    v = _as_double(c)
+    return _usable_of(qcol(c))
+
+
+def _usable_of(col):
+    """:func:`_usable` of a column expression."""
+    v = col.try_cast("double")
     # Spark's least/greatest skip nulls (greatest(null, x) = x): test for null first.
     bad = v.isNull() | F.isnan(v) | (F.abs(v) == F.lit(float("inf")))
     return F.when(bad, F.lit(None).cast("double")).otherwise(F.least(F.greatest(v, F.lit(-CLAMP)), F.lit(CLAMP)))
@@ -222,16 +227,35 @@ def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
     (module docstring). One shuffle by person; the count of identical records, the bounded
     ``min_by`` and the limb sums run inside it."""
     names = [f"_v{i}" for i in range(len(value_columns))]
-    label = F.sha2(F.to_json(F.struct(*[qcol(c) for c in label_columns])), 256)
-    rec = records.select(
-        uid.cast("string").alias("_pid"), label.alias("_label"),
-        F.struct(*[_usable(c).alias(n) for c, n in zip(value_columns, names)]).alias("_rec"),
-    ).repartition("_pid")
-    # identical records (same label) are numbered 0..cnt-1 within the person; which copy gets
-    # which number is immaterial (the label is a function of every value column the summary
-    # reads, so copies hold the same values). A hash aggregation counts them inside the
-    # partition (no sort; hash partitioning by person satisfies the (person, label) clustering).
-    counted = rec.groupBy("_pid", "_label", "_rec").agg(F.count(F.lit(1)).alias("_cnt"))
+    # Identical records (same label: the JSON of the label columns) are counted first, grouped by
+    # the raw label columns, and the label is formatted and hashed once per group, not per
+    # record. Grouping normalises -0.0 to 0.0 (and NaN payloads) in float columns, whose JSON
+    # differs ("-0.0"): a zero's text is a grouping key too, so a group is exactly one
+    # JSON text. The values read (value columns) are label columns, so copies hold the same
+    # values.
+    dtypes = {f.name: f.dataType for f in records.schema.fields}
+    types = {name: type(t).__name__ for name, t in dtypes.items()}
+    raw = [f"_l{i}" for i in range(len(label_columns))]
+    floats = [i for i, c in enumerate(label_columns) if types.get(c) in ("FloatType", "DoubleType")]
+    signs = [F.when(F.col(raw[i]) == 0, F.col(raw[i]).cast("string")).alias(f"_z{i}") for i in floats]  # "-0.0" / "0.0"
+    rec = records.select(uid.cast("string").alias("_pid"), *[qcol(c).alias(r) for c, r in zip(label_columns, raw)])
+    rec = rec.select("_pid", *raw, *signs).repartition("_pid")
+    # one shuffle by person; the count runs inside the partition (hash partitioning by person
+    # satisfies the clustering on (person, values))
+    counted = rec.groupBy("_pid", *raw, *[f"_z{i}" for i in floats]).agg(F.count(F.lit(1)).alias("_cnt"))
+    # the group's values as its records hold them: a grouped float key comes out normalised
+    # (-0.0 as 0.0; any NaN as NaN, whose JSON is "NaN" whatever its bits)
+    value_of = {i: F.col(r) for i, r in enumerate(raw)}
+    for i in floats:
+        minus_zero = F.lit(-0.0).cast(dtypes[label_columns[i]])  # the column's own type (float stays float)
+        value_of[i] = F.when(F.col(f"_z{i}") == F.lit("-0.0"), minus_zero).otherwise(F.col(raw[i]))
+    by_name = {c: value_of[i] for i, c in enumerate(label_columns)}
+    label = F.sha2(F.to_json(F.struct(*[value_of[i].alias(c) for i, c in enumerate(label_columns)])), 256)
+    counted = counted.select(
+        "_pid", label.alias("_label"),
+        F.struct(*[_usable_of(by_name[c]).alias(n) for c, n in zip(value_columns, names)]).alias("_rec"),
+        "_cnt",
+    )
     native = native_enabled(records.sparkSession)
     if native:
         # the jar's bounded bottom-k: the same key per copy inside a per-person aggregate
