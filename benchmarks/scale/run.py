@@ -1,7 +1,8 @@
 """Scale benchmark runner: the product's Spark passes against plain Spark (and DuckDB), in one run.
 
     python -m benchmarks.scale.run --sizes 1e6,1e7 [--skews uniform,zipf] [--repeats 3]
-        [--passes summarize1,summarize8,batches,capped] [--cap 10] [--job] [--memory-persons 1e5,1e6,1e7 --memory-records 1e7] [--data-dir build/scale-data]
+        [--passes summarize1,summarize8,batches,capped] [--cap 10] [--job] [--sql-path]
+        [--memory-persons 1e5,1e6,1e7 --memory-records 1e7] [--data-dir build/scale-data]
 
 For each size (records; persons = records / --records-per-person) and skew it writes the
 synthetic records once (``benchmarks/scale/data.py``; reused by later runs), then times, with
@@ -16,6 +17,10 @@ against its own plain baseline in the same session:
   distribution, ``spark_jobs.job.run_job`` writing Delta to a temp folder) vs one plain pass
   (the d = 8 per-person aggregation; target <= 2x);
 - DuckDB (2 threads) on the same Parquet: the two plain aggregations, as a single-machine reference.
+
+The product passes use the native aggregates when the jar is built (``make native``; the header
+line says which); ``--sql-path`` also times every pass on the pure Spark SQL fallback
+(``PERSON_DP_NATIVE=0``) against the same baseline, in the same session.
 
 ``--memory-persons``: the driver's peak RSS (Python and JVM) for a job of the mean estimators on
 ``--memory-records`` records spread uniformly over that many persons, each in a fresh process
@@ -44,6 +49,23 @@ from benchmarks.scale.data import ensure_dataset
 
 def _num(s: str) -> int:
     return int(float(s))
+
+
+def _sql_path(fn):
+    """``fn`` run with the native aggregates switched off (spark_jobs/spark/native.py)."""
+    def run():
+        from spark_jobs.spark.native import ENV_SWITCH
+
+        old = os.environ.get(ENV_SWITCH)
+        os.environ[ENV_SWITCH] = "0"
+        try:
+            return fn()
+        finally:
+            if old is None:
+                os.environ.pop(ENV_SWITCH, None)
+            else:
+                os.environ[ENV_SWITCH] = old
+    return run
 
 
 def _timed(fn) -> float:
@@ -122,6 +144,8 @@ def main(argv=None) -> None:
                     default=["summarize1", "summarize8", "batches", "capped"],
                     help="comma list of summarize1, summarize8, batches, capped (empty: none)")
     ap.add_argument("--cap", type=int, default=10, help="max_records_per_person of the capped pass")
+    ap.add_argument("--sql-path", action="store_true",
+                    help="also time each pass on the pure Spark SQL path (PERSON_DP_NATIVE=0), in the same session")
     ap.add_argument("--no-duckdb", action="store_true")
     ap.add_argument("--memory-persons", type=lambda s: [_num(x) for x in s.split(",") if x], default=[])
     ap.add_argument("--memory-records", type=_num, default=10**7)
@@ -140,8 +164,11 @@ def main(argv=None) -> None:
         "spark.driver.memory": args.driver_memory, "spark.sql.shuffle.partitions": "8",
     })
     spark.sparkContext.setLogLevel("ERROR")
+    from spark_jobs.spark.native import enabled as native_enabled
+
     print(f"# scale benchmark: master={args.master}, cores={os.cpu_count()}, repeats={args.repeats}, "
-          f"m={args.m}, {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+          f"m={args.m}, native aggregates: {'yes' if native_enabled(spark) else 'NO (SQL path)'}, "
+          f"{time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
     rows, duck = [], []
     for records in args.sizes:
         persons = max(1, records // args.records_per_person)
@@ -172,6 +199,9 @@ def main(argv=None) -> None:
                              lambda: ops.force(ops.plain_person(df, 8)),
                              lambda: ops.run_release_job(spark, path, os.path.join(tmp, str(next(counter))), args.m), 2.0))
             ops.force(ops.plain_person(df, 1))  # warm-up: JIT, file cache
+            if args.sql_path:
+                plan += [(f"{name} (SQL path)", base, bfn, _sql_path(ofn), target) for name, base, bfn, ofn, target in plan
+                         if not name.startswith("release job")]
             for name, base, bfn, ofn, target in plan:
                 r = compare(name, base, bfn, ofn, args.repeats, target, records)
                 r["case"] = case
