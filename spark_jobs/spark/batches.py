@@ -58,6 +58,7 @@ from dplib.errors import InvalidParameterError
 from dplib.groups import GroupRange, is_salt
 from spark_jobs.spark.aggregates import exact_sums
 from spark_jobs.spark.io import FLOAT_TYPES, INTEGER_TYPES
+from spark_jobs.spark.native import bound_object_hash_map, groups_like_json
 from spark_jobs.spark.native import enabled as native_enabled
 from spark_jobs.spark.keys import group_index, in_group, number_copies, valid_id, with_record_key, with_salt
 from spark_jobs.spark.sqlnames import qcol
@@ -228,6 +229,7 @@ def _bottom_k_batches(df, unit_column, category_column, categories, m, salt_hex,
     if native:
         # the jar's bounded bottom-k (spark_jobs/spark/native.py): the same keys per copy, computed
         # inside a mergeable per-person aggregate (no row per copy, no sort)
+        bound_object_hash_map(df.sparkSession, m)
         salted = with_salt(counted, salt_hex)
         per = salted.groupBy("_pid").agg(F.expr(f"person_dp_bottom_k(_salt, _pid, _label, _cnt, _cat, {int(m)})").alias("_cats"))
     else:
@@ -252,9 +254,10 @@ def _category_counts(df, unit_column, category_column, categories, salt_hex, nul
     aggregate after them stay in the partition) instead of counting map-side before a shuffle
     by (person, value)."""
     records, pid, cat = _checked_records(df, unit_column, category_column, categories, salt_hex, [category_column], null_values)
-    if type(records.schema[category_column].dataType).__name__ in FLOAT_TYPES:
+    if not groups_like_json(records.schema[category_column].dataType):
         # grouped by the JSON text itself (not the raw value: grouping normalises -0.0 and NaN of
-        # a floating category column, the per-record path does not)
+        # floating values, also inside structs and arrays, collated strings group by their
+        # collation, maps cannot be grouped; the per-record path names records by their JSON)
         rows = records.select(pid, F.to_json(F.struct(qcol(category_column))).alias("_json"), cat)
         counted = (
             (rows.repartition("_pid") if by_person else rows)
@@ -262,8 +265,9 @@ def _category_counts(df, unit_column, category_column, categories, salt_hex, nul
             .agg(F.count(F.lit(1)).alias("_cnt"))
         )
     else:
-        # any other type: equal values have equal JSON, so the JSON is formatted once per
-        # (person, value) group, not once per record
+        # integers, plain strings, booleans, dates, timestamps, decimals: equal values have equal
+        # JSON and vice versa, so the JSON is formatted once per (person, value) group, not once
+        # per record
         rows = records.select(pid, qcol(category_column).alias("_v"), cat)
         counted = (
             (rows.repartition("_pid") if by_person else rows)

@@ -4,10 +4,16 @@ The jar (``spark_jobs/jvm/lib/person-dp-native.jar``, built from ``spark_jobs/jv
 ``make native``, which ``make demo`` and ``make test`` run; shipped inside the package) holds
 Catalyst aggregates for the per-person passes:
 
-- ``person_dp_exact_sum(x)``: per group, ``struct<m: bigint, total: double>``, the number of
-  finite values and their exact fixed-point sum (:mod:`dplib.summary`), updating two of five
-  carry-normalised digits per value instead of the eight limb sums of the pure SQL path. Same
-  result bit for bit (tested against the SQL path and the numpy twin).
+- ``person_dp_exact_sums(x1, ..., xd)`` (and ``person_dp_exact_sum(x)``): per group,
+  ``struct<m0: bigint, total0: double, ...>``, the number of finite values of each argument and
+  their exact fixed-point sum (:mod:`dplib.summary`), updating two of five carry-normalised
+  digits per value instead of the eight limb sums of the pure SQL path. Same result bit for bit
+  (tested against the SQL path and the numpy twin).
+- ``person_dp_bottom_k(salt, pid, label, cnt, value, k)``: per person, the values of the ``k``
+  records with the smallest keyed hashes ``SHA-256(salt || pid || 0x1f || label || ":" || j)``
+  over each row's ``cnt`` identical copies ``j`` (the keyed-hash order of
+  :mod:`dplib.distribution.batches`): the same choice as ``min_by`` over numbered copies,
+  without a row per copy or a sort. Used by the batches and by record capping.
 
 When the jar is absent (a checkout without Maven, a cluster without ``--jars``), or the running
 Spark cannot load it, the jobs use the pure Spark SQL path: same results, slower. Set
@@ -29,6 +35,9 @@ log = logging.getLogger("person_dp.native")
 
 #: Interface version the Python side expects (``Functions.VERSION`` in the jar).
 JAR_VERSION = 2
+#: The Spark version the jar is compiled against (``Functions.SPARK_VERSION``; the pom's
+#: ``spark.version``): the aggregates use Spark-internal interfaces, so another Spark version
+#: runs the SQL path.
 JAR_NAME = "person-dp-native.jar"
 ENV_SWITCH = "PERSON_DP_NATIVE"
 
@@ -61,9 +70,12 @@ def enabled(spark) -> bool:
     try:
         fns = spark._jvm.org.apache.spark.sql.persondp.Functions
         version = int(fns.VERSION())
+        built_for, running = str(fns.SPARK_VERSION()), str(spark.version)
         if version != JAR_VERSION:
             log.warning("native jar of interface version %s (expected %s): using the Spark SQL path; run `make native`",
                         version, JAR_VERSION)
+        elif built_for != running:
+            log.warning("native jar built for Spark %s, running Spark %s: using the Spark SQL path", built_for, running)
         else:
             fns.register(spark._jsparkSession)
             ok = True
@@ -84,3 +96,42 @@ def plan_uses_native(df) -> bool:
     """True when ``df``'s physical plan runs one of the jar's aggregates (tests, diagnostics)."""
     plan = df._jdf.queryExecution().executedPlan().toString()
     return any(f in plan for f in FUNCTIONS)
+
+
+#: Spark's setting: persons per task an object-buffer aggregate keeps in its hash map before it
+#: falls back to sort-based aggregation (spark_jobs/spark/session.py sets 100,000).
+OBJECT_HASH_THRESHOLD = "spark.sql.objectHashAggregate.sortBased.fallbackThreshold"
+#: Heap entries per task the bottom-k's hash map may hold (Spark does not account for them).
+MAX_HEAP_ENTRIES = 4_000_000
+
+
+def bound_object_hash_map(spark, k: int) -> None:
+    """Lower (never raise) the session's :data:`OBJECT_HASH_THRESHOLD` so that a task's per-person
+    heaps of ``k`` entries hold at most :data:`MAX_HEAP_ENTRIES` entries (at least 128 persons,
+    Spark's default); beyond it Spark sorts the task's remaining rows (slower, bounded memory)."""
+    try:
+        current = int(spark.conf.get(OBJECT_HASH_THRESHOLD, "128"))
+    except ValueError:
+        current = 128
+    bound = max(128, MAX_HEAP_ENTRIES // max(1, int(k)))
+    if bound < current:
+        spark.conf.set(OBJECT_HASH_THRESHOLD, str(bound))
+
+
+#: Spark types whose grouping equates exactly the values with equal JSON (``to_json``): a label
+#: may then be formatted once per group of equal values instead of once per record.
+_JSON_GROUPABLE = {
+    "ByteType", "ShortType", "IntegerType", "LongType", "BooleanType", "DateType", "TimestampType",
+    "TimestampNTZType", "DecimalType",
+}
+
+
+def groups_like_json(data_type) -> bool:
+    """True when grouping by a column of ``data_type`` puts two values in one group exactly when
+    their JSON is equal: integers, booleans, dates, timestamps, decimals and strings of the
+    default (binary) collation; not floats (grouping normalises -0.0 and NaN), collated strings,
+    structs, arrays or maps."""
+    name = type(data_type).__name__
+    if name == "StringType":
+        return getattr(data_type, "collation", "UTF8_BINARY") in ("UTF8_BINARY", None)
+    return name in _JSON_GROUPABLE

@@ -271,3 +271,22 @@ def test_numeric_category_columns_match_by_number_like_the_twin(spark, dtype):
     got = sorted((int(r["_group"]), tuple(r["units"])) for r in shares.collect())
     want = sorted((int(g), tuple(int(x) for x in u)) for g, u in zip(twin.group, share_units(twin.counts)))
     assert got == want
+
+
+def test_category_columns_whose_grouping_is_not_their_json(spark, path):
+    """A struct category holding -0.0 and 0.0 (grouping equates them, their JSON does not) and
+    a map category (Spark cannot group by it): the default plan names records by their JSON like
+    the per-record window plan, draw for draw."""
+    from pyspark.sql import functions as F
+
+    cats = ["{0.0}", "{-0.0}", "{1.0}"]
+    rows = [(f"p{p}", x) for p in range(20) for x in [-0.0] * 4 + [0.0] * 4 + [1.0] * 4]
+    df = spark.createDataFrame(rows, "pid string, x double").withColumn("dest", F.struct("x"))
+    got = sorted((int(r["_group"]), tuple(r["counts"])) for r in person_batches(df, "pid", "dest", cats, 4, SALT, null_values=[]).collect())
+    want = sorted((int(r["_group"]), tuple(r["counts"])) for r in person_batches(df, "pid", "dest", cats, 4, SALT, null_values=[], plan="window").collect())
+    assert got == want and len(got) == 20
+    assert {c[0] > 0 and c[1] > 0 for _, c in got} == {True, False}  # both zeros are drawn, apart
+    mapped = df.withColumn("dest", F.create_map(F.lit("x"), F.col("x")))
+    got = sorted((int(r["_group"]), tuple(r["counts"])) for r in person_batches(mapped, "pid", "dest", cats, 4, SALT, null_values=[]).collect())
+    want = sorted((int(r["_group"]), tuple(r["counts"])) for r in person_batches(mapped, "pid", "dest", cats, 4, SALT, null_values=[], plan="window").collect())
+    assert got == want and len(got) == 20

@@ -108,11 +108,7 @@ case class BottomK(
   private val SEP: Array[Byte] = Array(0x1f.toByte)
   private val COLON: Array[Byte] = ":".getBytes(StandardCharsets.UTF_8)
 
-  private def copyValue(v: Any): Any = v match {
-    case r: InternalRow => r.copy()
-    case u: org.apache.spark.unsafe.types.UTF8String => u.clone()
-    case other => other
-  }
+  private def copyValue(v: Any): Any = InternalRow.copyValue(v)
 
   override def update(heap: KeyHeap, input: InternalRow): KeyHeap = {
     val s = salt.eval(input)

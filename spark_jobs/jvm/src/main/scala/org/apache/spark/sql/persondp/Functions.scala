@@ -9,6 +9,9 @@ object Functions {
   /** The jar's interface version: spark_jobs/spark/native.py refuses a jar of another version. */
   val VERSION: Int = 2
 
+  /** The Spark version this jar is compiled against (keep equal to the pom's spark.version). */
+  val SPARK_VERSION: String = "4.2.0"
+
   def register(spark: SparkSession): Unit = {
     spark.sessionState.functionRegistry.createOrReplaceTempFunction(
       "person_dp_exact_sum",
