@@ -242,7 +242,7 @@ def cmd_spark_jars(args) -> int:
     the native aggregates' jar when built (``make native``), comma separated, for
     ``spark-submit --jars``."""
     from spark_jobs.spark.native import native_jar  # lazy: per command; main() reports a missing extra
-    from spark_jobs.spark.session import delta_jars
+    from spark_jobs.spark.session import delta_jars  # lazy: as above
 
     jars = delta_jars()
     if not jars:
