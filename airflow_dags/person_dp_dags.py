@@ -51,7 +51,7 @@ class SparkSpec(_Strict):
     application: str = "bin/person_dp_submit.py"  # relative to the repository root
     py_files: str | None = "build/dist/person_dp.zip"  # `make dist`; relative to the repository root
     archives: str | None = None  # a packed venv for YARN/Kubernetes: "env.tar.gz#environment"
-    jars: str | None = LOCAL_MAVEN  # the local Maven repository (`make jars`), a comma list, or null
+    jars: str | None = LOCAL_MAVEN  # the local Maven repository (`make jars`) + the native jar, a comma list, or null
     packages: str | None = None  # e.g. io.delta:delta-spark_4.2_2.13:4.4.0 (with jars: null)
     conf: dict[str, str] = Field(default_factory=dict)  # spark-submit --conf (wins over the job's spark.conf)
     python: str | None = None  # PYSPARK_PYTHON of driver and executors; default: Airflow's Python
@@ -157,11 +157,17 @@ def build_dag(spec_path: Path):
                 raise FileNotFoundError(f"spark.py_files: {py_files} not found; build it with `make dist`")
             jars = spec.spark.jars or ""
             if jars == LOCAL_MAVEN:
+                from spark_jobs.spark.native import native_jar
                 from spark_jobs.spark.session import delta_jars
 
                 jars = ",".join(delta_jars())
                 if not jars:
                     raise FileNotFoundError("spark.jars: no Delta jars in the local Maven repository; run `make jars`")
+                native = native_jar()  # the native aggregates, when built (`make native`)
+                if native is not None:
+                    jars += "," + str(native)
+                else:
+                    print("native aggregates not built (`make native`): the job will run the Spark SQL path")
             return {"jars": jars, "py_files": py_files}
 
         @task
