@@ -58,9 +58,9 @@ from dplib.errors import InvalidParameterError
 from dplib.groups import GroupRange, is_salt
 from spark_jobs.spark.aggregates import exact_sums
 from spark_jobs.spark.io import FLOAT_TYPES, INTEGER_TYPES
-from spark_jobs.spark.native import bound_object_hash_map, groups_like_json
+from spark_jobs.spark.native import bound_object_hash_map
 from spark_jobs.spark.native import enabled as native_enabled
-from spark_jobs.spark.keys import group_index, in_group, number_copies, valid_id, with_record_key, with_salt
+from spark_jobs.spark.keys import group_index, identical_record_counts, in_group, number_copies, valid_id, with_record_key, with_salt
 from spark_jobs.spark.sqlnames import qcol
 
 PLANS = ("bottomk", "collect", "window")
@@ -254,28 +254,11 @@ def _category_counts(df, unit_column, category_column, categories, salt_hex, nul
     aggregate after them stay in the partition) instead of counting map-side before a shuffle
     by (person, value)."""
     records, pid, cat = _checked_records(df, unit_column, category_column, categories, salt_hex, [category_column], null_values)
-    if not groups_like_json(records.schema[category_column].dataType):
-        # grouped by the JSON text itself (not the raw value: grouping normalises -0.0 and NaN of
-        # floating values, also inside structs and arrays, collated strings group by their
-        # collation, maps cannot be grouped; the per-record path names records by their JSON)
-        rows = records.select(pid, F.to_json(F.struct(qcol(category_column))).alias("_json"), cat)
-        counted = (
-            (rows.repartition("_pid") if by_person else rows)
-            .groupBy("_pid", "_json", "_cat")
-            .agg(F.count(F.lit(1)).alias("_cnt"))
-        )
-    else:
-        # integers, plain strings, booleans, dates, timestamps, decimals: equal values have equal
-        # JSON and vice versa, so the JSON is formatted once per (person, value) group, not once
-        # per record
-        rows = records.select(pid, qcol(category_column).alias("_v"), cat)
-        counted = (
-            (rows.repartition("_pid") if by_person else rows)
-            .groupBy("_pid", "_v", "_cat")
-            .agg(F.count(F.lit(1)).alias("_cnt"))
-            .select("_pid", F.to_json(F.struct(F.col("_v").alias(category_column))).alias("_json"), "_cat", "_cnt")
-        )
-    return counted.select("_pid", F.sha2(F.col("_json"), 256).alias("_label"), "_cat", "_cnt")
+    rows = records.select(pid, qcol(category_column).alias("_l0"), cat)
+    if by_person:
+        rows = rows.repartition("_pid")
+    counted = identical_record_counts(rows, [category_column], {category_column: records.schema[category_column].dataType}, keys=["_cat"])
+    return counted.select("_pid", "_label", "_cat", "_cnt")
 
 
 class SparkBatchAggregates:

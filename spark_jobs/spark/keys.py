@@ -20,6 +20,7 @@ import pyarrow as pa
 from pyspark.sql import functions as F
 
 from dplib.distribution.batches import KEY_SEPARATOR
+from spark_jobs.spark.native import groups_like_json
 
 #: Copies of one record are numbered in blocks of this size (no array above it, whatever the count).
 COPY_BLOCK = 65_536
@@ -81,3 +82,39 @@ def with_record_key(numbered, salt_hex, keep=("_cat",)):
         256,
     )
     return out.select("_pid", *keep, key.alias("_key"))
+
+
+def identical_record_counts(rows, label_columns, dtypes, keys=()):
+    """Count each person's identical records, naming each group once (not once per record).
+
+    ``rows``: ``_pid``, the label columns' raw values as ``_l0 .. _l{n-1}`` (``label_columns``
+    their names, ``dtypes`` their Spark types) and ``keys`` (columns that are functions of the
+    label, carried along). Returns ``(_pid, <keys>, _l0.., _label, _cnt)``: one row per (person,
+    label), ``_label`` the SHA-256 hex of ``to_json(struct(label columns))`` (the record name of
+    :func:`with_record_key`), the ``_l`` values as the group's records hold them, ``_cnt`` its
+    records. No shuffle of its own beyond the aggregation's (repartition ``rows`` by ``_pid``
+    first to count inside the person's partition).
+
+    Grouping by the raw values equals grouping by their JSON for the types of
+    :func:`spark_jobs.spark.native.groups_like_json`, and for floats with a zero's text as a
+    further key (grouping normalises -0.0 to 0.0, the JSON does not; every NaN prints "NaN").
+    Any other label column (collated strings, structs, arrays, maps): the JSON text is formatted
+    per record and grouped by itself."""
+    raw = [f"_l{i}" for i in range(len(label_columns))]
+    floats = [i for i, c in enumerate(label_columns) if type(dtypes.get(c)).__name__ in ("FloatType", "DoubleType")]
+    keys = list(keys)
+    if all(i in floats or groups_like_json(dtypes.get(c)) for i, c in enumerate(label_columns)):
+        signs = [F.when(F.col(raw[i]) == 0, F.col(raw[i]).cast("string")).alias(f"_z{i}") for i in floats]  # "-0.0" / "0.0"
+        counted = rows.select("_pid", *keys, *raw, *signs).groupBy("_pid", *keys, *raw, *[f"_z{i}" for i in floats]).agg(
+            F.count(F.lit(1)).alias("_cnt"))
+        values = {i: F.col(r) for i, r in enumerate(raw)}
+        for i in floats:  # the grouped key comes out normalised: -0.0 back from its text, in the column's own type
+            minus_zero = F.lit(-0.0).cast(dtypes[label_columns[i]])
+            values[i] = F.when(F.col(f"_z{i}") == F.lit("-0.0"), minus_zero).otherwise(F.col(raw[i]))
+        json = F.to_json(F.struct(*[values[i].alias(c) for i, c in enumerate(label_columns)]))
+        return counted.select("_pid", *keys, *[values[i].alias(r) for i, r in enumerate(raw)],
+                              F.sha2(json, 256).alias("_label"), "_cnt")
+    json = F.to_json(F.struct(*[F.col(r).alias(c) for r, c in zip(raw, label_columns)]))
+    counted = rows.select("_pid", *keys, *raw, json.alias("_json")).groupBy("_pid", "_json", *keys).agg(
+        *[F.first(r).alias(r) for r in raw], F.count(F.lit(1)).alias("_cnt"))
+    return counted.select("_pid", *keys, *raw, F.sha2(F.col("_json"), 256).alias("_label"), "_cnt")

@@ -4,7 +4,7 @@ The jar (``spark_jobs/jvm/lib/person-dp-native.jar``, built from ``spark_jobs/jv
 ``make native``, which ``make demo`` and ``make test`` run; shipped inside the package) holds
 Catalyst aggregates for the per-person passes:
 
-- ``person_dp_exact_sums(x1, ..., xd)`` (and ``person_dp_exact_sum(x)``): per group,
+- ``person_dp_exact_sums(x1, ..., xd)``: per group,
   ``struct<m0: bigint, total0: double, ...>``, the number of finite values of each argument and
   their exact fixed-point sum (:mod:`dplib.summary`), updating two of five carry-normalised
   digits per value instead of the eight limb sums of the pure SQL path. Same result bit for bit
@@ -34,7 +34,7 @@ from pathlib import Path
 log = logging.getLogger("person_dp.native")
 
 #: Interface version the Python side expects (``Functions.VERSION`` in the jar).
-JAR_VERSION = 2
+JAR_VERSION = 3
 #: The Spark version the jar is compiled against (``Functions.SPARK_VERSION``; the pom's
 #: ``spark.version``): the aggregates use Spark-internal interfaces, so another Spark version
 #: runs the SQL path.
@@ -89,7 +89,7 @@ def enabled(spark) -> bool:
 
 
 #: The SQL names of the jar's functions.
-FUNCTIONS = ("person_dp_exact_sums", "person_dp_exact_sum", "person_dp_bottom_k")
+FUNCTIONS = ("person_dp_exact_sums", "person_dp_bottom_k")
 
 
 def plan_uses_native(df) -> bool:

@@ -56,9 +56,9 @@ from dplib.distribution.batches import KEY_HEX_DIGITS
 from dplib.errors import InvalidParameterError
 from dplib.groups import derive_salt, is_salt
 from dplib.summary import CLAMP, LIMB_BITS, LIMBS, SHIFT, check_record_cap
-from spark_jobs.spark.native import bound_object_hash_map, groups_like_json
+from spark_jobs.spark.native import bound_object_hash_map
 from spark_jobs.spark.native import enabled as native_enabled
-from spark_jobs.spark.keys import group_index, number_copies, valid_id, with_record_key, with_salt
+from spark_jobs.spark.keys import group_index, identical_record_counts, number_copies, valid_id, with_record_key, with_salt
 from spark_jobs.spark.sqlnames import qcol
 
 #: The cap's keys use ``derive_salt(salt, CAP_SALT_TAG)``: an order of their own, independent of
@@ -229,43 +229,16 @@ def _capped_values(records, uid, value_columns, label_columns, salt_hex, cap):
     bottom-k (the jar's ``person_dp_bottom_k``, else ``min_by`` over numbered copies) and the
     sums run inside it."""
     names = [f"_v{i}" for i in range(len(value_columns))]
-    # Identical records (same label: the JSON of the label columns) are counted first, grouped by
-    # the raw label columns, and the label is formatted and hashed once per group, not per
-    # record. Grouping normalises -0.0 to 0.0 (and NaN payloads) in float columns, whose JSON
-    # differs ("-0.0"): a zero's text is a grouping key too, so a group is exactly one
-    # JSON text. The values read (value columns) are label columns, so copies hold the same
-    # values.
+    # Identical records (same label) are counted inside the person's partition and named once
+    # per group (keys.identical_record_counts). The values read (value columns) are label
+    # columns, so copies hold the same values.
     dtypes = {f.name: f.dataType for f in records.schema.fields}
-    types = {name: type(t).__name__ for name, t in dtypes.items()}
-    raw = [f"_l{i}" for i in range(len(label_columns))]
-    floats = [i for i, c in enumerate(label_columns) if types.get(c) in ("FloatType", "DoubleType")]
-    signs = [F.when(F.col(raw[i]) == 0, F.col(raw[i]).cast("string")).alias(f"_z{i}") for i in floats]  # "-0.0" / "0.0"
-    if all(i in floats or groups_like_json(dtypes.get(c)) for i, c in enumerate(label_columns)):
-        rec = records.select(uid.cast("string").alias("_pid"), *[qcol(c).alias(r) for c, r in zip(label_columns, raw)])
-        rec = rec.select("_pid", *raw, *signs).repartition("_pid")
-        # one shuffle by person; the count runs inside the partition (hash partitioning by person
-        # satisfies the clustering on (person, values))
-        counted = rec.groupBy("_pid", *raw, *[f"_z{i}" for i in floats]).agg(F.count(F.lit(1)).alias("_cnt"))
-        # the group's values as its records hold them: a grouped float key comes out normalised
-        # (-0.0 as 0.0; any NaN as NaN, whose JSON is "NaN" whatever its bits)
-        value_of = {i: F.col(r) for i, r in enumerate(raw)}
-        for i in floats:
-            minus_zero = F.lit(-0.0).cast(dtypes[label_columns[i]])  # the column's own type (float stays float)
-            value_of[i] = F.when(F.col(f"_z{i}") == F.lit("-0.0"), minus_zero).otherwise(F.col(raw[i]))
-        json = F.to_json(F.struct(*[value_of[i].alias(c) for i, c in enumerate(label_columns)]))
-    else:
-        # a label column whose grouping is not its JSON's (collated strings, structs, arrays,
-        # maps): the records are grouped by the JSON text itself, formatted per record
-        rec = records.select(uid.cast("string").alias("_pid"), *[qcol(c).alias(r) for c, r in zip(label_columns, raw)],
-                             F.to_json(F.struct(*[qcol(c) for c in label_columns])).alias("_json")).repartition("_pid")
-        counted = rec.groupBy("_pid", "_json").agg(*[F.first(r).alias(r) for r in raw], F.count(F.lit(1)).alias("_cnt"))
-        value_of = {i: F.col(r) for i, r in enumerate(raw)}
-        json = F.col("_json")
-    by_name = {c: value_of[i] for i, c in enumerate(label_columns)}
-    label = F.sha2(json, 256)
+    raw = {c: f"_l{i}" for i, c in enumerate(label_columns)}
+    rows = records.select(uid.cast("string").alias("_pid"), *[qcol(c).alias(raw[c]) for c in label_columns]).repartition("_pid")
+    counted = identical_record_counts(rows, label_columns, dtypes)
     counted = counted.select(
-        "_pid", label.alias("_label"),
-        F.struct(*[_usable_of(by_name[c]).alias(n) for c, n in zip(value_columns, names)]).alias("_rec"),
+        "_pid", "_label",
+        F.struct(*[_usable_of(F.col(raw[c])).alias(n) for c, n in zip(value_columns, names)]).alias("_rec"),
         "_cnt",
     )
     native = native_enabled(records.sparkSession)

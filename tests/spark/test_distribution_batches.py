@@ -202,7 +202,7 @@ def test_bottomk_plan_shuffles_the_records_once(spark, frame, path):
     assert plan.count("Exchange hashpartitioning") == 2, plan
     lines = plan.splitlines()
     first = max(i for i, line in enumerate(lines) if "Exchange hashpartitioning" in line)  # the one nearest the scan
-    assert "partial_count" in lines[first + 1] and "_v" in lines[first + 1], plan
+    assert "partial_count" in lines[first + 1] and "_l0" in lines[first + 1], plan
 
 
 def test_copies_are_numbered_in_blocks(spark, monkeypatch):

@@ -212,20 +212,16 @@ def test_native_and_sql_paths_agree_bit_for_bit(spark, monkeypatch):
 
 def test_native_aggregate_refuses_a_bad_call(spark):
     """The registered function checks its arguments (Spark's analysis error, not a crash)."""
+    from pyspark.sql import functions as F
+
     from spark_jobs.spark import native
 
     assert native.enabled(spark)
     df = spark.createDataFrame([("a", 1.0)], "uid string, x double")
     with pytest.raises(Exception, match="person_dp_exact_sums takes at least one argument"):
-        df.groupBy("uid").agg(F_expr("person_dp_exact_sums()")).collect()
+        df.groupBy("uid").agg(F.expr("person_dp_exact_sums()")).collect()
     with pytest.raises(Exception, match="(?i)data type|DATATYPE_MISMATCH"):
-        df.groupBy("uid").agg(F_expr("person_dp_exact_sums(array(x))")).collect()
-
-
-def F_expr(text):
-    from pyspark.sql import functions as F
-
-    return F.expr(text)
+        df.groupBy("uid").agg(F.expr("person_dp_exact_sums(array(x))")).collect()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -87,72 +87,10 @@ object ExactSumMath {
   }
 }
 
-/** `person_dp_exact_sum(x)`: per group, the number of finite values of the double `x` (nulls,
-  * NaN and +-inf skipped) and their exact fixed-point sum as a double (ExactSumMath), as
-  * `struct<m: bigint, total: double>`. Partially aggregable (map-side), independent of the order
-  * of rows and of partitioning. */
-case class ExactSum(child: Expression, mutableAggBufferOffset: Int = 0, inputAggBufferOffset: Int = 0)
-    extends ImperativeAggregate with ImplicitCastInputTypes with UnaryLike[Expression] {
-
-  import ExactSumMath._
-
-  def this(child: Expression) = this(child, 0, 0)
-
-  override def prettyName: String = "person_dp_exact_sum"
-  override def nullable: Boolean = false
-  override def dataType: DataType = StructType(Seq(
-    StructField("m", LongType, nullable = false), StructField("total", DoubleType, nullable = false)))
-  override def inputTypes: Seq[AbstractDataType] = Seq(DoubleType)
-
-  override lazy val aggBufferAttributes: Seq[AttributeReference] =
-    AttributeReference("m", LongType, nullable = false)() +:
-      (0 until DIGITS).map(i => AttributeReference(s"d$i", LongType, nullable = false)())
-  override lazy val inputAggBufferAttributes: Seq[AttributeReference] = aggBufferAttributes.map(_.newInstance())
-  override def aggBufferSchema: StructType = DataTypeUtils.fromAttributes(aggBufferAttributes)
-
-  override def withNewMutableAggBufferOffset(n: Int): ImperativeAggregate = copy(mutableAggBufferOffset = n)
-  override def withNewInputAggBufferOffset(n: Int): ImperativeAggregate = copy(inputAggBufferOffset = n)
-  override protected def withNewChildInternal(newChild: Expression): ExactSum = copy(child = newChild)
-
-  override def initialize(buffer: InternalRow): Unit = {
-    var i = 0
-    while (i <= DIGITS) { buffer.setLong(mutableAggBufferOffset + i, 0L); i += 1 }
-  }
-
-  override def update(buffer: InternalRow, input: InternalRow): Unit = {
-    val v = child.eval(input)
-    if (v == null) return
-    val x = v.asInstanceOf[Double]
-    if (java.lang.Double.isNaN(x) || java.lang.Double.isInfinite(x)) return
-    val o = mutableAggBufferOffset
-    buffer.setLong(o, buffer.getLong(o) + 1)
-    addValue(buffer, o + 1, x)
-  }
-
-  override def merge(buffer: InternalRow, input: InternalRow): Unit = {
-    val o = mutableAggBufferOffset
-    val p = inputAggBufferOffset
-    buffer.setLong(o, buffer.getLong(o) + input.getLong(p))
-    var c = 0L
-    var i = 0
-    while (i < DIGITS - 1) {
-      val t = buffer.getLong(o + 1 + i) + input.getLong(p + 1 + i) + c // < 2^63
-      buffer.setLong(o + 1 + i, t & MASK62)
-      c = t >> DIGIT_BITS
-      i += 1
-    }
-    buffer.setLong(o + DIGITS, buffer.getLong(o + DIGITS) + input.getLong(p + DIGITS) + c)
-  }
-
-  override def eval(buffer: InternalRow): Any = {
-    val o = mutableAggBufferOffset
-    InternalRow(buffer.getLong(o), total(
-      buffer.getLong(o + 1), buffer.getLong(o + 2), buffer.getLong(o + 3), buffer.getLong(o + 4), buffer.getLong(o + 5)))
-  }
-}
-
-/** `person_dp_exact_sums(x1, ..., xd)`: ExactSum of each argument in one aggregate, as
-  * `struct<m0: bigint, total0: double, ..., m{d-1}, total{d-1}>`. */
+/** `person_dp_exact_sums(x1, ..., xd)`: per group, for each argument the number of its finite
+  * values (nulls, NaN and +-inf skipped) and their exact fixed-point sum as a double
+  * (ExactSumMath), as `struct<m0: bigint, total0: double, ..., m{d-1}, total{d-1}>`. Partially
+  * aggregable (map-side), independent of the order of rows and of partitioning. */
 case class ExactSums(children: Seq[Expression], mutableAggBufferOffset: Int = 0, inputAggBufferOffset: Int = 0)
     extends ImperativeAggregate with ImplicitCastInputTypes {
 

@@ -7,21 +7,12 @@ import org.apache.spark.sql.catalyst.expressions.Expression
   * Python through py4j: spark_jobs/spark/native.py). */
 object Functions {
   /** The jar's interface version: spark_jobs/spark/native.py refuses a jar of another version. */
-  val VERSION: Int = 2
+  val VERSION: Int = 3
 
   /** The Spark version this jar is compiled against (keep equal to the pom's spark.version). */
   val SPARK_VERSION: String = "4.2.0"
 
   def register(spark: SparkSession): Unit = {
-    spark.sessionState.functionRegistry.createOrReplaceTempFunction(
-      "person_dp_exact_sum",
-      (children: Seq[Expression]) => {
-        if (children.length != 1) {
-          throw new IllegalArgumentException(s"person_dp_exact_sum takes one argument, got ${children.length}")
-        }
-        ExactSum(children.head)
-      },
-      "scala_udf")
     spark.sessionState.functionRegistry.createOrReplaceTempFunction(
       "person_dp_exact_sums",
       (children: Seq[Expression]) => {
