@@ -241,10 +241,12 @@ class FastGroupedInput(NumpyGroupedInput):
         super().__init__(persons, keys, values, salt_hex, l0, public=None)
         self._public = public
 
-    def backend(self, keys: list[str] | None = None):
+    def backend(self, keys: list[str] | None = None, first_only: bool = False):
         keys = self.public_keys() if keys is None else keys
         pos = {k: i for i, k in enumerate(keys)}
         idx = np.fromiter((pos.get(k, -1) for k in self._keys), dtype=np.int64, count=len(self._keys))
+        if first_only:
+            idx = np.where(self._first, idx, -1)
         order = np.argsort(idx, kind="stable")
         bounds = np.searchsorted(idx[order], np.arange(len(keys) + 1))
         out = {}

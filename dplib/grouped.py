@@ -108,6 +108,18 @@ class Request:
         )
 
 
+@dataclass(frozen=True)
+class JointRequest:
+    """One group's part of a **joint stage**: a question answered from every asking group's
+    payload at once (e.g. one noisy histogram pooled over the groups, its noise drawn once on the
+    driver), by the ``joint`` handler of :func:`run_per_group` named ``name``. Answered only when
+    no group waits on an ordinary seam question, so every group that will ask has asked."""
+
+    gid: Hashable
+    name: str
+    payload: Any
+
+
 class GroupedAggregates(Protocol):
     """Answers one batch of same-method questions, one per group (Spark: one aggregation)."""
 
@@ -143,6 +155,14 @@ class GroupProxy:
 
         return call
 
+    def joint(self, name: str, payload: Any) -> Any:
+        """Ask the joint stage ``name`` with this group's ``payload``; returns this group's part of
+        the handler's answer (:class:`JointRequest`)."""
+        parent = greenlet.getcurrent().parent
+        if parent is None:
+            raise InvalidParameterError("a GroupProxy is only usable inside run_per_group")
+        return parent.switch(JointRequest(self._gid, name, payload)).value
+
 
 class NumpyGroupedAggregates:
     """The numpy twin of :class:`GroupedAggregates`: one :class:`dplib.aggregates.NumpyAggregates`
@@ -171,6 +191,7 @@ def run_per_group(
     backend: GroupedAggregates,
     columns: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    joint: Mapping[str, Callable[[dict], dict]] | None = None,
 ) -> GroupedRun:
     """Run ``body(gid, proxy)`` for every group, answering their seam questions in batches.
 
@@ -186,6 +207,10 @@ def run_per_group(
         The summary's columns (for the proxy's ``check_columns``).
     progress : callable, optional
         Receives a progress line after each batch (groups done / waiting); public numbers only.
+    joint : mapping name -> callable, optional
+        Joint stages (:meth:`GroupProxy.joint`): ``handler({gid: payload}) -> {gid: answer}`` for
+        the groups that asked, called once per round in which only joint questions wait (the
+        groups' payloads in their ``gids`` order). A handler draws any noise itself, once.
 
     Returns
     -------
@@ -198,13 +223,19 @@ def run_per_group(
     if len(set(gids)) != len(gids):
         raise InvalidParameterError("group ids must be distinct")
     results: dict = {}
-    waiting: dict[Hashable, tuple[greenlet, Request]] = {}
+    waiting: dict[Hashable, tuple[greenlet, Request | JointRequest]] = {}
 
     order = {g: i for i, g in enumerate(gids)}
 
+    joint = dict(joint or {})
+
     def step(gid, glet, answer=None):
         out = glet.switch() if answer is None else glet.switch(answer)
-        if isinstance(out, Request):
+        if isinstance(out, JointRequest):
+            if out.name not in joint:
+                raise InvalidParameterError(f"group {gid!r}: no joint stage named {out.name!r}")
+            waiting[gid] = (glet, out)
+        elif isinstance(out, Request):
             waiting[gid] = (glet, out)
         elif glet.dead:
             results[gid] = out
@@ -217,9 +248,25 @@ def run_per_group(
     batches = 0
     t0 = time.monotonic()
     while waiting:
+        if all(isinstance(r, JointRequest) for _, r in waiting.values()):
+            # every group still running waits on a joint stage: answer the first one named
+            # (in the order of the earliest waiting group), all its groups at once
+            joints = {g: r for g, (_, r) in waiting.items() if isinstance(r, JointRequest)}
+            name = joints[min(joints, key=lambda g: order[g])].name
+            asking = sorted((g for g, r in joints.items() if r.name == name), key=lambda g: order[g])
+            answers = joint[name]({g: joints[g].payload for g in asking})
+            batches += 1
+            for g in asking:
+                glet, _ = waiting.pop(g)
+                step(g, glet, _Answer(answers[g]))
+            if progress is not None:
+                progress(f"joint stage {name} ({len(asking)} groups): {len(results)}/{len(gids)} groups done "
+                         f"({time.monotonic() - t0:.0f}s)")
+            continue
         by_key: dict[tuple, list[Request]] = {}
         for _, req in waiting.values():
-            by_key.setdefault(req.batch_key(), []).append(req)
+            if isinstance(req, Request):
+                by_key.setdefault(req.batch_key(), []).append(req)
         # one batch at a time, in a fixed order: the batch holding the earliest group first
         key = min(by_key, key=lambda k: min(order[r.gid] for r in by_key[k]))
         reqs = by_key[key]

@@ -169,7 +169,10 @@ def run_grouped(
     def progress(line: str) -> None:
         log.info("statistic %s: %s", stat.name, line)
 
-    run = run_per_group(list(range(len(keys))), body, backend, progress=progress)
+    first_keys = keys if plan.selection is not None else None
+    joint = kind.joint_stages(stat, plan.shared, shared, lambda: backend_for(first_keys, first_only=True), ctx) \
+        if plan.shared is not None else {}
+    run = run_per_group(list(range(len(keys))), body, backend, progress=progress, joint=joint)
     extra = {**plan.describe(), "statistic_epsilon": stat.budget(ctx.cfg).epsilon,
              "statistic_delta": stat.budget(ctx.cfg).delta}
     out = []
@@ -232,6 +235,7 @@ class NumpyGroupedInput:
         ids = [persons[i] for i in kept_arr]
         self._gi = group_index(ids, salt_hex) if ids else np.zeros(0, np.int64)
         first_arr = np.array(sorted(first), dtype=np.int64)
+        self._first = np.isin(kept_arr, first_arr)
         self._pooled_vals = {c: v[first_arr] for c, v in vals.items()}
         self._pooled_gi = group_index([persons[i] for i in first_arr], salt_hex) if first else np.zeros(0, np.int64)
         self._public = public
@@ -252,14 +256,16 @@ class NumpyGroupedInput:
             raise ValueError("no public key set")
         return list(self._public)
 
-    def backend(self, keys: list[str] | None = None):
+    def backend(self, keys: list[str] | None = None, first_only: bool = False):
+        """The grouped seam over ``keys`` (None: the public key set); ``first_only``: only the rows
+        of each person's first kept key (the pooled view's rows, split by key)."""
         from dplib.aggregates import NumpyAggregates  # lazy: numpy twin only
         from dplib.grouped import NumpyGroupedAggregates  # lazy: numpy twin only
 
         keys = self.public_keys() if keys is None else keys
         out = {}
         for gid, k in enumerate(keys):
-            m = self._keys == k
+            m = (self._keys == k) & (self._first if first_only else True)
             out[gid] = NumpyAggregates({c: v[m] for c, v in self._vals.items()}, self._gi[m])
         return NumpyGroupedAggregates(out)
 

@@ -24,7 +24,7 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
@@ -346,6 +346,13 @@ class StatisticKind:
         """Run the shared plan of :meth:`grouped_plans` over ``aggregates`` (one value per
         person, every group pooled); its result reaches each group as ``ctx.shared``."""
         raise NotImplementedError
+
+    def joint_stages(self, stat, plan, shared, first_backend: Callable[[], Any], ctx: "RunContext") -> dict:
+        """Joint stages of the groups (:meth:`dplib.grouped.GroupProxy.joint`): ``{name: handler}``
+        with ``handler({gid: payload}) -> {gid: answer}``, given the shared plan ``plan``, its
+        result ``shared`` and ``first_backend()`` (the grouped seam over each person's first kept
+        group only). Default: none."""
+        return {}
 
     def derived_columns(self, stat) -> dict[str, tuple[str, str]]:
         """Per-person columns derived from the shared summary, ``{name: (column, operation)}``

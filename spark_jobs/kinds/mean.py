@@ -20,7 +20,8 @@ from dplib.budget import Budget
 from dplib.mean.per_group import ALGORITHM as GROUP_ALGORITHM
 from dplib.mean.per_group import ALGORITHM_VERSION as GROUP_VERSION
 from dplib.mean.per_group import (
-    COUNT_SHARE, OWN_STAGES_N_EPS, SHARED_SHARE, GroupMeanPlan, SharedScalePlan, group_person_mean, shared_scale,
+    COUNT_SHARE, JOINT_WITHIN, OWN_STAGES_N_EPS, SHARED_SHARE, GroupMeanPlan, SharedScalePlan, group_person_mean,
+    shared_scale, within_profile,
 )
 from dplib.mean.scale_free import (
     ScaleFreeMeanPlan, scale_free_person_mean,
@@ -185,7 +186,21 @@ class MeanKind(StatisticKind):
         return shared, inner, share
 
     def run_shared(self, stat: MeanStatistic, plan, aggregates, ctx: RunContext):
-        return shared_scale(aggregates, stat.columns[0], plan, ctx.noise, ctx.accountant, f"{stat.name}: all groups: ")
+        return shared_scale(aggregates, stat.columns[0], plan, ctx.noise, ctx.accountant, f"{stat.name}: all groups: ",
+                            joint_within=True)
+
+    def joint_stages(self, stat: MeanStatistic, plan, shared, first_backend, ctx: RunContext) -> dict:
+        """The within-group profile of the pooled-path groups (:func:`dplib.mean.per_group.within_profile`),
+        charged to the statistic's accountant as an "all groups" stage."""
+        if not isinstance(plan, SharedScalePlan) or shared is None or not shared.within:
+            return {}
+
+        def within(centres: dict) -> dict:
+            w = within_profile(first_backend(), stat.columns[0], centres, plan, shared, ctx.noise, ctx.accountant,
+                               f"{stat.name}: all groups: ")
+            return {gid: w for gid in centres}
+
+        return {JOINT_WITHIN: within}
 
     def describe(self, name: str, plan) -> str:
         if isinstance(plan, GroupMeanPlan):

@@ -112,9 +112,10 @@ class SparkGroupedInput:
         """Exact persons per key after the L0 bound (for the selection mechanism only; O(keys) rows)."""
         return {r[GKEY]: int(r["count"]) for r in self._summary.groupBy(GKEY).count().collect()}
 
-    def backend(self, keys: list[str] | None = None) -> SparkGroupedAggregates:
+    def backend(self, keys: list[str] | None = None, first_only: bool = False) -> SparkGroupedAggregates:
         """The grouped seam over the released keys: ``keys[i]`` (``_gkey`` JSON) gets group id ``i``;
-        None: the public key set (its order)."""
+        None: the public key set (its order). ``first_only``: only the rows of each person's first
+        kept key (the pooled view's rows, split by key; a joint stage's sensitivity-1 histogram)."""
         if keys is None:
             if self._public is None:
                 raise ValueError("private selection: pass the released keys")
@@ -123,7 +124,8 @@ class SparkGroupedInput:
             spark = self._summary.sparkSession
             schema = T.StructType([T.StructField(GKEY, T.StringType(), False), T.StructField(GID, T.LongType(), False)])
             ids = spark.createDataFrame([(k, i) for i, k in enumerate(keys)], schema)
-        df = self._summary.join(F.broadcast(ids), on=GKEY, how="inner").drop(GKEY, "_rank")
+        rows = self._summary.where(F.col("_rank") == F.lit(1)) if first_only else self._summary
+        df = rows.join(F.broadcast(ids), on=GKEY, how="inner").drop(GKEY, "_rank")
         return SparkGroupedAggregates(df)
 
     def pooled(self) -> SparkAggregates:

@@ -15,6 +15,7 @@ from dplib.aggregates import NumpyAggregates
 from dplib.distribution.batches import KEY_SEPARATOR
 from dplib.groups import ALL_PERSONS, GroupRange, derive_salt
 from spark_jobs.spark.grouped import SparkGroupedAggregates
+from spark_jobs.grouping import NumpyGroupedInput, key_json
 from spark_jobs.spark.grouping import L0_SALT_TAG, SparkGroupedInput
 
 pytestmark = pytest.mark.spark
@@ -140,6 +141,26 @@ def test_l0_bound_matches_hashlib_oracle(spark):
         assert counts == want_counts
         assert len(rows) == sum(min(2, len(v)) for v in held.values())
         assert src.pooled().count(["x"], ALL_PERSONS) == 60
+        # the first-key view of the grouped seam (the joint within-group profile's rows): each
+        # person once, under its smallest-hash key; the same counts as the numpy twin's
+        keys = sorted(want_counts)
+        first = {k: 0 for k in keys}
+        for p, ks in held.items():
+            gk = [json.dumps([k]).replace(" ", "") for k in ks]
+            s = derive_salt(SALT, L0_SALT_TAG)
+            first[min(gk, key=lambda k: hashlib.sha256((s + p + KEY_SEPARATOR + k).encode()).hexdigest())] += 1
+        fb = src.backend(keys, first_only=True)
+        got = fb.answer("count", {"columns": ["x"], "group": ALL_PERSONS}, {i: {} for i in range(len(keys))})
+        assert [got[i] for i in range(len(keys))] == [first[k] for k in keys] and sum(got.values()) == 60
+        pdf = df.toPandas().groupby(["pid", "origin"], as_index=False)["x"].mean()
+        twin = NumpyGroupedInput(list(pdf["pid"]), [key_json([o]) for o in pdf["origin"]], {"x": pdf["x"].to_numpy()},
+                                 SALT, 2)
+        tb = twin.backend(keys, first_only=True)
+        want_twin = tb.answer("count", {"columns": ["x"], "group": ALL_PERSONS}, {i: {} for i in range(len(keys))})
+        assert want_twin == got
+        hist = {i: {"center": 10.0} for i in range(len(keys))}
+        static = {"column": "x", "group": ALL_PERSONS, "sub_edges": (2.0 ** 0.5,)}
+        assert fb.answer("log_histogram", static, hist) == tb.answer("log_histogram", static, hist)
         # public keys: only the listed keys are kept, and selection is among them
         pub = SparkGroupedInput(df, "pid", ("", "NA"), ["origin"], [["A"], ["B"]], 1, ["x"], SALT)
         try:

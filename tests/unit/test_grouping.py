@@ -169,11 +169,11 @@ def test_grouped_cost_is_the_statistics_budget(kind, opts, groups):
     per = [c for c in plan.charges("s: ") if "per group x L0=4" in c.stage]
     inner = composed_cost(plan.inner.charges())
     assert sum(c.budget.epsilon for c in per) == pytest.approx(4 * inner[0])
-    if kind == "mean":  # range, centre and profile are found once for all groups, with 30% of epsilon
+    if kind == "mean":  # range, centre, profile and the within-group profile: once for all groups, 30% of epsilon
         shared = [c for c in plan.charges("s: ") if "all groups" in c.stage]
         assert [c.stage for c in shared] == [
             "s: all groups: magnitude range", "s: all groups: magnitude range (retry)", "s: all groups: centre",
-            "s: all groups: deviation profile"]
+            "s: all groups: deviation profile", "s: all groups: within-group profile"]
         rest = 0.8 if "select" in groups else 1.0
         assert sum(c.budget.epsilon for c in shared) == pytest.approx(0.3 * rest)
         assert sum(c.budget.delta for c in shared) == pytest.approx(0.5e-6 * rest)

@@ -1,0 +1,159 @@
+"""The grouped scheduler's joint stages and the grouped mean's within-group profile
+(:mod:`dplib.grouped`, :func:`dplib.mean.per_group.within_profile`): a joint question is answered
+once, from every asking group's payload, only after every ordinary question; the within-group
+profile reads each person once (its first kept group), so one added person moves the summed
+histogram by exactly one count (extreme neighbours, noise-free double); the pooled path takes the
+within-group radius only on groups far apart relative to their spread. Expected values: counts
+computed with numpy on the data, closed forms."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dplib.aggregates import NumpyAggregates
+from dplib.budget import Accountant, Budget, composed_cost
+from dplib.errors import InvalidParameterError
+from dplib.grouped import GroupProxy, NumpyGroupedAggregates, run_per_group
+from dplib.groups import ALL_PERSONS
+from dplib.mean.per_group import (
+    STAGE_WITHIN, WITHIN_RADIUS_RATIO, WITHIN_SHARE, SharedScalePlan, shared_scale, within_profile,
+)
+from dplib.mechanisms import SeededNoise
+from spark_jobs.config import parse_config
+from spark_jobs.grouping import NumpyGroupedInput, key_json, run_grouped_numpy
+
+
+def _backends(sizes):
+    rng = np.random.default_rng(4)
+    return {g: NumpyAggregates({"x": rng.normal(0, 1, n)}, rng.integers(0, 2**32, n)) for g, n in enumerate(sizes)}
+
+
+def test_joint_stage_answered_once_after_every_ordinary_question():
+    backs = _backends((30, 50, 70))
+    calls, order = [], []
+
+    class Rec(NumpyGroupedAggregates):
+        def answer(self, method, static, per_group):
+            order.append(method)
+            return super().answer(method, static, per_group)
+
+    def total(payloads):
+        calls.append(dict(payloads))
+        order.append("joint")
+        s = sum(payloads.values())
+        return {g: s for g in payloads}
+
+    def body(g, agg):
+        n = agg.count(["x"], ALL_PERSONS)
+        if g == 1:  # group 1 never asks the joint stage; it asks one more ordinary question
+            return agg.count(["x"], ALL_PERSONS) + 1000
+        return agg.joint("total", n)
+
+    run = run_per_group([0, 1, 2], body, Rec(backs), joint={"total": total})
+    assert calls == [{0: 30, 2: 70}]  # once, with the asking groups' payloads only
+    assert order == ["count", "count", "joint"]  # the joint stage waits for group 1's second question
+    assert run.results == {0: 100, 1: 1050, 2: 100}
+    assert run.batches == 3
+
+
+def test_joint_stage_errors():
+    backs = _backends((10, 10))
+    with pytest.raises(InvalidParameterError, match="no joint stage named 'nope'"):
+        run_per_group([0, 1], lambda g, agg: agg.joint("nope", 1), NumpyGroupedAggregates(backs))
+    with pytest.raises(InvalidParameterError, match="only usable inside run_per_group"):
+        GroupProxy(0).joint("total", 1)
+
+
+class ZeroNoise:
+    """A noise double that adds nothing (the exact histogram comes back as the 'noisy' one)."""
+
+    def add_laplace(self, values, scale):
+        return np.asarray(values, dtype=float).copy()
+
+    def add_gaussian(self, values, sigma):
+        return np.asarray(values, dtype=float).copy()
+
+
+def _source(rows, l0=3):
+    persons = [p for p, _, _ in rows]
+    keys = [key_json([k]) for _, k, _ in rows]
+    vals = np.array([v for _, _, v in rows], dtype=float)
+    return NumpyGroupedInput(persons, keys, {"x": vals}, "ab" * 32, l0, public=[key_json([k]) for k in "ABC"])
+
+
+def _rows(seed=0, n=1000):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in range(n):
+        for k in rng.choice(list("ABC"), int(rng.integers(1, 4)), replace=False):
+            rows.append((f"p{p}", str(k), float({"A": 0.0, "B": 10.0, "C": 20.0}[str(k)] + rng.normal())))
+    return rows
+
+
+@pytest.mark.parametrize("value", [0.0, 1e6, -1e300])
+def test_within_profile_one_person_moves_one_count(value):
+    """Add one person holding all three keys at an extreme value: the summed exact histogram (zero
+    noise) changes by exactly 1 in l1, and its total equals the number of persons (each person's
+    first kept key only)."""
+    base = _rows()
+    plan = SharedScalePlan(Budget(3.0, 1e-6))
+    pooled_src = _source(base)
+    shared = shared_scale(pooled_src.pooled(), "x", plan, SeededNoise(1), Accountant(plan.budget), joint_within=True)
+    assert shared.setup is not None and shared.within
+    centres = {0: 0.5, 1: 10.5, 2: 19.0}
+
+    def raw(rows):
+        src = _source(rows)
+        acc = Accountant(plan.budget)
+        w = within_profile(src.backend(None, first_only=True), "x", centres, plan, shared, ZeroNoise(), acc)
+        (charge,) = acc.charges
+        assert charge.stage == STAGE_WITHIN and charge.budget.epsilon == pytest.approx(3.0 * WITHIN_SHARE)
+        return np.asarray(w.profile.raw_weights, dtype=float)
+
+    a = raw(base)
+    b = raw(base + [("zz", k, value) for k in "ABC"])
+    assert a.sum() == pytest.approx(len({p for p, _, _ in base}))  # one count per person
+    assert np.abs(b - a).sum() == pytest.approx(1.0)
+
+
+def test_pooled_path_takes_the_within_radius_on_far_apart_groups():
+    """Ten groups of 800 persons at centres 0, 10, ..., 90 (person means sd 1): the pooled profile
+    spans the spread between groups, the within-group one each group's own; the groups clip at the
+    within radius (at most WITHIN_RADIUS_RATIO of the pooled one), and the error is a fraction of
+    the one at the pooled radius. The statistic's spend includes the joint stage."""
+    rng = np.random.default_rng(8)
+    persons, keys, vals, truth = [], [], [], {}
+    for g in range(10):
+        mu = 10.0 * g + rng.normal(0, 1, 800)
+        truth[str(g)] = float(mu.mean())
+        persons += [f"p{g}_{i}" for i in range(800)]
+        keys += [key_json([str(g)])] * 800
+        vals += list(mu)
+    cfg = parse_config({
+        "job_name": "far", "input": {"path": "/tmp/none.parquet", "format": "parquet"},
+        "privacy_unit": {"column": "pid"}, "budget": {"epsilon": 0.4, "delta": 1e-6},
+        "statistics": [{"name": "m", "kind": "mean", "columns": ["x"], "share": 1.0, "group_by": ["o"],
+                        "max_groups_per_person": 1, "groups": {"keys": [[str(g)] for g in range(10)]}}],
+        "output": {"path": "/tmp/none"}, "ledger": {"enabled": False}})
+    within_errs, used, ratios = [], 0, []
+    for seed in range(6):
+        src = NumpyGroupedInput(persons, keys, {"x": np.array(vals)}, f"{seed:064x}", 1,
+                                public=[key_json([str(g)]) for g in range(10)])
+        acc = Accountant(cfg.statistics[0].budget(cfg))
+        rels = run_grouped_numpy(cfg, cfg.statistics[0], src, SeededNoise([3, seed]), acc)
+        assert any(c.stage == "m: all groups: within-group profile" for c in acc.charges)
+        assert composed_cost(acc.charges)[0] <= 0.4 + 1e-9
+        for r in rels:
+            p = r.release.parameters
+            assert r.release.status == "OK" and p["path"] == "pooled clip"
+            if p["within_group_profile"]:
+                used += 1
+                ratios.append(p["clipping_radius"] / p["pooled_radius"])
+                within_errs.append(abs(r.release.estimate[0] - truth[r.key["o"]]))
+    assert used >= 40  # of 60 group releases
+    assert max(ratios) <= WITHIN_RADIUS_RATIO
+    # the fine stage (epsilon 0.4 x 0.7 x 0.95 x 0.75 = 0.2; 800 x 0.266 noisy persons x epsilon
+    # < OWN_STAGES_N_EPS): Laplace scale at the within radius (~4-5 sd, count weight ~2) about
+    # 7 / (0.2 x 800) ~ 0.04; at the pooled radius (~50) it would be ~0.35
+    assert np.median(within_errs) < 0.2
