@@ -209,8 +209,9 @@ def run_per_group(
         Receives a progress line after each batch (groups done / waiting); public numbers only.
     joint : mapping name -> callable, optional
         Joint stages (:meth:`GroupProxy.joint`): ``handler({gid: payload}) -> {gid: answer}`` for
-        the groups that asked, called once per round in which only joint questions wait (the
-        groups' payloads in their ``gids`` order). A handler draws any noise itself, once.
+        the groups that asked, called once per run, when only joint questions wait (the groups'
+        payloads in their ``gids`` order); a group asking it again after that is an error. A
+        handler draws any noise itself, once.
 
     Returns
     -------
@@ -228,6 +229,7 @@ def run_per_group(
     order = {g: i for i, g in enumerate(gids)}
 
     joint = dict(joint or {})
+    answered: set[str] = set()
 
     def step(gid, glet, answer=None):
         out = glet.switch() if answer is None else glet.switch(answer)
@@ -253,6 +255,9 @@ def run_per_group(
             # (in the order of the earliest waiting group), all its groups at once
             joints = {g: r for g, (_, r) in waiting.items() if isinstance(r, JointRequest)}
             name = joints[min(joints, key=lambda g: order[g])].name
+            if name in answered:  # a handler may charge a budget: once per run, never a second round
+                raise InvalidParameterError(f"joint stage {name!r} asked again after it was answered")
+            answered.add(name)
             asking = sorted((g for g, r in joints.items() if r.name == name), key=lambda g: order[g])
             answers = joint[name]({g: joints[g].payload for g in asking})
             batches += 1

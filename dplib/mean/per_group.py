@@ -450,14 +450,22 @@ def group_person_mean(
     bar = noise_and_sampling_quantile(fine.scale / fine.denom, (abs(fine.deviation) / c) * (fine.scale / fine.denom),
                                       0.0) + bias_bound
     half = float(bar) if math.isfinite(bar) else None
-    covers = (
-        "the exact dataset statistic, at 90%, IF the group's persons spread around their mean as all "
-        "groups' persons do around theirs: Laplace noise of the clip-and-noise (sum and count) and the "
-        f"{'within-group' if within is not None else 'pooled'} tail model's clipping bias at the radius less "
-        "the re-centring error"
-    )
+    if within is not None:
+        covers = (
+            "the exact dataset statistic, at 90%, IF the group's persons spread around its rough mean as "
+            "the pooled-clip groups' persons (each in its first kept group) do around theirs: Laplace noise "
+            "of the clip-and-noise (sum and count) and the within-group tail model's clipping bias at the "
+            "radius less the re-centring error"
+        )
+    else:
+        covers = (
+            "the exact dataset statistic, at 90%, IF the group's persons spread around their mean as all "
+            "groups' persons do around theirs: Laplace noise of the clip-and-noise (sum and count) and the "
+            "pooled tail model's clipping bias at the radius less the re-centring error"
+        )
     if half is None:
-        covers = "nothing: the pooled deviation profile gives no finite bound on the clipping bias"
+        covers = (f"nothing: the {'within-group' if within is not None else 'pooled'} deviation profile gives no "
+                  "finite bound on the clipping bias")
     if half is not None and tail_flag:
         covers += "; WARNING (tail_flag): the persons' means look heavy-tailed"
     eps, delta = composed_cost(accountant.charges[start:])

@@ -63,6 +63,21 @@ def test_joint_stage_errors():
         run_per_group([0, 1], lambda g, agg: agg.joint("nope", 1), NumpyGroupedAggregates(backs))
     with pytest.raises(InvalidParameterError, match="only usable inside run_per_group"):
         GroupProxy(0).joint("total", 1)
+    calls = []
+
+    def total(payloads):
+        calls.append(payloads)
+        return {g: 0 for g in payloads}
+
+    def twice(g, agg):  # group 1 reaches the joint stage a round later than group 0, then asks again
+        if g == 1:
+            agg.count(["x"], ALL_PERSONS)
+        agg.joint("total", g)
+        return agg.joint("total", g)
+
+    with pytest.raises(InvalidParameterError, match="asked again after it was answered"):
+        run_per_group([0, 1], twice, NumpyGroupedAggregates(backs), joint={"total": total})
+    assert len(calls) == 1  # the handler (which may charge a budget) ran once
 
 
 class ZeroNoise:
