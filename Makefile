@@ -149,6 +149,7 @@ bench-scale: $(STAMP) $(CLASSPATH_FILE) $(NATIVE_JAR)
 	$(BIN)/python -m benchmarks.scale.run --sizes 1e8 --skews uniform --passes "" --job --repeats 1 --no-duckdb | tee -a $(SCALE_REPORT)
 	$(BIN)/python -m benchmarks.scale.run --sizes 1e7 --records-per-person 1 --skews uniform --repeats 3 --job --no-duckdb --json build/scale.jsonl | tee -a $(SCALE_REPORT)
 	$(BIN)/python -m benchmarks.scale.run --sizes 1e8 --skews zipf --passes "" --job --repeats 1 --no-duckdb | tee -a $(SCALE_REPORT)
+	$(BIN)/python -m benchmarks.scale.anchors_speed --sizes 1e6,1e7 --repeats 2 | tee -a $(SCALE_REPORT)
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache .mypy_cache
