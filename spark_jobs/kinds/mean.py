@@ -172,8 +172,9 @@ class MeanKind(StatisticKind):
         (:mod:`dplib.mean.per_group`): range, centre and deviation profile on one value per
         person with ``SHARED_SHARE`` of the groups' epsilon (and all their delta); each group
         then spends the rest / L0 on a noisy count and either its own stages (enough persons x
-        epsilon) or one clip-and-noise around the pooled centre. A declared ``options.scale``:
-        no shared stage."""
+        epsilon) or a two-step clip around the pooled centre (between its steps, the joint
+        within-group profile, :meth:`joint_stages`, also out of the shared share). A declared
+        ``options.scale``: no shared stage."""
         if stat.options.scale is not None:
             return super().grouped_plans(stat, cfg, fraction, l0)
         b = stat.budget(cfg)
@@ -208,7 +209,9 @@ class MeanKind(StatisticKind):
             return (f"  {name}: scale-free, range, centre and deviation profile found once for all groups on one "
                     f"value per person ({SHARED_SHARE:.0%} of the epsilon); per group: {COUNT_SHARE:.0%} noisy "
                     f"count, then its own centre and profile if noisy persons x epsilon >= {OWN_STAGES_N_EPS:g}, "
-                    f"else one clip-and-noise around the pooled centre{cap}")
+                    f"else a clip-and-noise around the pooled centre and one around the group's rough mean, its "
+                    f"radius from a within-group profile shared by those groups when much tighter than the "
+                    f"pooled one{cap}")
         if isinstance(plan, UnivariateMeanPlan):
             return (f"  {name}: declared scale {plan.scale:g}: bin width r={plan.bin_width:.4g}, "
                     f"coarse error bound u={plan.coarse_error_bound:.4g}, k={plan.k:g}")
