@@ -116,7 +116,8 @@ def test_grouped_job_production_noise(spark, records, tmp_path):
         for o in GROUP_MEANS:
             want = extra[o][j]
             if got[o].status == "OK":
-                assert abs(got[o].estimate[0] - want) <= tol * abs(want) + 5.0, (stat, o, got[o].estimate, want)
+                assert abs(got[o].estimate[0] - want) <= tol * abs(want) + 5.0, (
+                    stat, o, got[o].estimate, want, got[o].error_bar, got[o].parameters)  # (parameters: what ran)
         assert sum(r.status == "OK" for r in got.values()) >= 2, stat
 
     # the long-format table: one row per statistic x group x coordinate
