@@ -128,14 +128,14 @@ def run_grouped(
     person_counts: Callable[[], dict[str, int]],
     pooled: Callable[[], Any],
     public_keys: Callable[[], list[str]],
-    backend_for: Callable[[list[str] | None], GroupedAggregates],
+    backend_for: Callable[..., GroupedAggregates],
     decode: Callable[[str], dict[str, str]],
 ) -> list[GroupRelease]:
     """Release one grouped statistic: charge its whole plan, select the keys (if private), run
     the kind's estimator per group against the grouped seam, one aggregation per stage.
 
     ``person_counts``, ``pooled`` (the seam over one value per person, for a shared stage),
-    ``public_keys``, ``backend_for`` and ``decode`` come from the grouped
+    ``public_keys``, ``backend_for`` (``(keys, first_only=False)``) and ``decode`` come from the grouped
     input (:class:`spark_jobs.spark.grouping.SparkGroupedInput` or a numpy twin). Returns one
     :class:`GroupRelease` per key (public keys: every listed key; private: the released keys).
     """

@@ -20,8 +20,9 @@ One mean of ``x0`` over the scale benchmark's synthetic records (``benchmarks/sc
   under ``PureDPBudget(1)``. Its time excludes its JVM start (reported separately).
 
 The anchors compute a record-level mean with each person's records capped (their person-level
-option); ours the mean of person means. Same data, same epsilon, same machine; medians of
-``--repeats`` runs (first runs included: every tool pays its own warm-up once, here and for users).
+option); ours the mean of person means. Same data, same epsilon, same machine; one untimed read
+of the files first, then medians of ``--repeats`` runs with the order of plain / ours / PipelineDP
+rotating (Tumult runs in its own process afterwards, its repeats in one session).
 Not part of ``make test``; results in ``benchmarks/results/scale.md``.
 """
 
@@ -144,12 +145,15 @@ def main(argv=None) -> int:
     for records in (_num(s) for s in args.sizes.split(",")):
         persons = max(1, records // args.records_per_person)
         path = ensure_dataset(spark, os.path.abspath(args.data_dir), records, persons, args.skew)
+        plain(spark, path)  # untimed: the first read of the files (OS cache, Spark's listing) for no one
         t_plain, t_ours, t_pdp = [], [], []
-        for _ in range(args.repeats):
-            t_plain.append(plain(spark, path))
-            t_ours.append(ours(spark, path))
+        for rep in range(args.repeats):
+            runs = [("plain", lambda: t_plain.append(plain(spark, path))),
+                    ("ours", lambda: t_ours.append(ours(spark, path)))]
             if not args.no_pdp:
-                t_pdp.append(pipelinedp(spark, path, args.records_per_person))
+                runs.append(("pdp", lambda: t_pdp.append(pipelinedp(spark, path, args.records_per_person))))
+            for _, run in runs[rep % len(runs):] + runs[:rep % len(runs)]:  # the order rotates
+                run()
         tm = None if args.no_tumult else tumult(path, args.records_per_person, args.repeats)
         p, o = statistics.median(t_plain), statistics.median(t_ours)
         d = statistics.median(t_pdp) if t_pdp else None

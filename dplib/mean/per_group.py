@@ -20,8 +20,9 @@ grouped input), and each group spends its budget where it pays:
  2b   otherwise: pooled clip         the rest:        Laplace on (sum trunc(Y - c0, rho), rho n)
                                      25% centre,      -> the group's rough mean m1; then Laplace on
                                      75% fine         (sum trunc(Y - m1, rho'), w n); radii
-                                                      minimising the pooled model's bias + noise
-                                                      at the group's n~ x eps
+                                                      minimising a tail model's bias + noise at
+                                                      the group's n~ x eps (the pooled model's,
+                                                      or for rho' the within-group one: W)
  W    joint, between 2b's steps:     WITHIN_SHARE of  one Laplace histogram of |Y - m1_g| summed
       within-group profile           SHARED_SHARE     over the pooled-path groups g, each over the
                                                       persons whose FIRST kept group is g; rho' from
@@ -114,7 +115,8 @@ STAGE_WITHIN = "within-group profile"
 #: A pooled-path group clips at the within-group profile's radius only when that radius is at most
 #: this share of the pooled profile's (the groups sit far apart relative to their own spread);
 #: otherwise at the pooled radius, as before the within-group profile existed. grouped_anchors, 40
-#: seeds, ours only, |error| median (coverage) at 1 / 0.5 / 0.4 / 0.3 (1: min of the two radii;
+#: seeds, ours only, shared shares centre / profile / within 25 / 25 / 25% (the kept 15 / 40 / 20:
+#: see SHARED_STAGE_SHARES), |error| median (coverage) at 1 / 0.5 / 0.4 / 0.3 (1: min of the two radii;
 #: before: 0.141 Gaussian G = 10, 0.451 Lomax, 2.62 month x origin, 0.822 carrier (0.90)):
 #: Gaussian 0.078 / 0.081 / 0.086 / 0.111; Lomax 1.5 0.53 / 0.50 / 0.49 / 0.48; month x origin
 #: 2.42 / 2.51 / 2.59 / 2.62; carrier 0.819 (0.83) / 0.817 (0.90) / 0.813 / 0.808. At 1 the
@@ -182,7 +184,9 @@ class SharedScalePlan:
 
     def charges(self, prefix: str = "") -> list[Charge]:
         """Range, its retry, centre and profile (the largest shares; the retry only if it runs),
-        and the within-group profile (only if some group takes the pooled path)."""
+        and the within-group profile (charged only if some group takes the pooled path with the
+        joint stage on offer: never under ``shared_scale(..., joint_within=False)``, where its share
+        is planned and left unspent)."""
         return SHARED_STAGE_SHARES.early_charges(self.budget, prefix, self.group) + [
             Charge(f"{prefix}{STAGE_WITHIN}", Budget(self.budget.epsilon * WITHIN_SHARE, 0.0), self.group)]
 

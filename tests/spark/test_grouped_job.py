@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dplib.mean.per_group import WITHIN_RADIUS_RATIO
 from dplib.mechanisms import SecureNoise
 from spark_jobs.config import parse_config
 from spark_jobs.delta import read_delta
@@ -163,12 +164,16 @@ def test_grouped_p90_windowed_path_production_noise(spark, records, tmp_path):
 
 
 def test_grouped_mean_pooled_path_joint_stage_production_noise(spark, tmp_path):
-    """Ten groups far apart (centres 0, 10, ..., 90; person means sd 1; 600 persons each, one group
-    per person) at epsilon 0.4: every group takes the pooled path (600 x 0.27 noisy persons x
-    epsilon < 300), whose within-group profile is one joint stage: one Spark aggregation over the
-    persons' first kept groups, noise drawn once on the driver, charged once for all groups. Each
-    release within 4 of its own 90% bars of the exact per-group person-level mean (numpy twin,
-    100 seeded runs of this data: worst |error| / bar 2.64, 98% covered)."""
+    """Ten groups far apart (centres 0, 10, ..., 90; person means sd 1; 600 persons each, 3-6
+    records, one group per person) at epsilon 0.4: the groups take the pooled path (600 x 0.27
+    noisy persons x epsilon < 300; a group's noisy count far enough off to send it to its own
+    stages is allowed), whose within-group profile is one joint stage: one Spark aggregation over
+    the persons' first kept groups, noise drawn once on the driver, charged once for all groups
+    (the spend shows it). Each release within 5 of its own 90% bars of the exact per-group
+    person-level mean. Numpy twin of this test's data (200 seeded
+    runs): worst |error| / bar 3.52, 98.1% covered; 80% of group releases on the within radius
+    (0.23 of the pooled radius, median), 17% of runs with none (one group's rough mean far off
+    makes the joint profile read a far bump: the rule then keeps the pooled radius)."""
     rng = np.random.default_rng(8)
     rows, G, P = [], 10, 600
     for g in range(G):
@@ -194,10 +199,17 @@ def test_grouped_mean_pooled_path_joint_stage_production_noise(spark, tmp_path):
     # spent: everything planned but the retries (run only when the first range releases nothing)
     assert plan.cost[0] - retries - 1e-9 <= result.epsilon_spent <= plan.cost[0] + 1e-9
     assert len(result.rows) == G
+    pooled = 0
     for r in result.rows:
         g = r.group_key["grp"]
         p = json.loads(r.parameters)
         assert r.noise_source == SecureNoise.name and r.status == "OK", g
-        assert p["path"] == "pooled clip" and isinstance(p["within_group_profile"], bool), g
         assert r.error_bar is not None and r.error_bar[0] > 0, g
-        assert abs(r.estimate[0] - truth[g]) <= 4.0 * r.error_bar[0], (g, r.estimate, truth[g], r.error_bar)
+        assert abs(r.estimate[0] - truth[g]) <= 5.0 * r.error_bar[0], (g, r.estimate, truth[g], r.error_bar, p)
+        if p["path"] == "pooled clip":
+            pooled += 1
+            if p["within_group_profile"]:  # the within radius is taken only when at most half the pooled one
+                assert p["clipping_radius"] <= WITHIN_RADIUS_RATIO * p["pooled_radius"], (g, p)
+            else:
+                assert p["clipping_radius"] == p["pooled_radius"], (g, p)
+    assert pooled >= G - 1

@@ -81,9 +81,14 @@ def test_joint_stage_errors():
 
 
 class ZeroNoise:
-    """A noise double that adds nothing (the exact histogram comes back as the 'noisy' one)."""
+    """A noise double that adds nothing (the exact histogram comes back as the 'noisy' one) and
+    records each draw's size."""
+
+    def __init__(self):
+        self.draws = []
 
     def add_laplace(self, values, scale):
+        self.draws.append(np.asarray(values).size)
         return np.asarray(values, dtype=float).copy()
 
     def add_gaussian(self, values, sigma):
@@ -121,9 +126,12 @@ def test_within_profile_one_person_moves_one_count(value):
     def raw(rows):
         src = _source(rows)
         acc = Accountant(plan.budget)
-        w = within_profile(src.backend(None, first_only=True), "x", centres, plan, shared, ZeroNoise(), acc)
+        noise = ZeroNoise()
+        w = within_profile(src.backend(None, first_only=True), "x", centres, plan, shared, noise, acc)
         (charge,) = acc.charges
         assert charge.stage == STAGE_WITHIN and charge.budget.epsilon == pytest.approx(3.0 * WITHIN_SHARE)
+        # one draw, over every bin of the summed histogram (not one per group)
+        assert noise.draws == [w.profile.raw_weights.size]
         return np.asarray(w.profile.raw_weights, dtype=float)
 
     a = raw(base)
@@ -132,15 +140,17 @@ def test_within_profile_one_person_moves_one_count(value):
     assert np.abs(b - a).sum() == pytest.approx(1.0)
 
 
-def test_pooled_path_takes_the_within_radius_on_far_apart_groups():
-    """Ten groups of 800 persons at centres 0, 10, ..., 90 (person means sd 1): the pooled profile
-    spans the spread between groups, the within-group one each group's own; the groups clip at the
-    within radius (at most WITHIN_RADIUS_RATIO of the pooled one), and the error is a fraction of
-    the one at the pooled radius. The statistic's spend includes the joint stage."""
+def _run_groups(spacing, seeds, joint=True, monkeypatch=None):
+    """Ten groups of 800 persons at centres 0, spacing, ..., 9 x spacing (person means sd 1), one
+    group per person, epsilon 0.4: per seed, the releases' (parameters, |error|)."""
+    if not joint:  # the shared stage without the joint stage on offer (the pooled radius only)
+        import spark_jobs.kinds.mean as km
+
+        monkeypatch.setattr(km, "shared_scale", lambda *a, **k: shared_scale(*a, **{**k, "joint_within": False}))
     rng = np.random.default_rng(8)
     persons, keys, vals, truth = [], [], [], {}
     for g in range(10):
-        mu = 10.0 * g + rng.normal(0, 1, 800)
+        mu = spacing * g + rng.normal(0, 1, 800)
         truth[str(g)] = float(mu.mean())
         persons += [f"p{g}_{i}" for i in range(800)]
         keys += [key_json([str(g)])] * 800
@@ -151,23 +161,37 @@ def test_pooled_path_takes_the_within_radius_on_far_apart_groups():
         "statistics": [{"name": "m", "kind": "mean", "columns": ["x"], "share": 1.0, "group_by": ["o"],
                         "max_groups_per_person": 1, "groups": {"keys": [[str(g)] for g in range(10)]}}],
         "output": {"path": "/tmp/none"}, "ledger": {"enabled": False}})
-    within_errs, used, ratios = [], 0, []
-    for seed in range(6):
+    out = []
+    for seed in range(seeds):
         src = NumpyGroupedInput(persons, keys, {"x": np.array(vals)}, f"{seed:064x}", 1,
                                 public=[key_json([str(g)]) for g in range(10)])
         acc = Accountant(cfg.statistics[0].budget(cfg))
         rels = run_grouped_numpy(cfg, cfg.statistics[0], src, SeededNoise([3, seed]), acc)
-        assert any(c.stage == "m: all groups: within-group profile" for c in acc.charges)
+        assert any(c.stage == "m: all groups: within-group profile" for c in acc.charges) is joint
         assert composed_cost(acc.charges)[0] <= 0.4 + 1e-9
         for r in rels:
-            p = r.release.parameters
-            assert r.release.status == "OK" and p["path"] == "pooled clip"
-            if p["within_group_profile"]:
-                used += 1
-                ratios.append(p["clipping_radius"] / p["pooled_radius"])
-                within_errs.append(abs(r.release.estimate[0] - truth[r.key["o"]]))
-    assert used >= 40  # of 60 group releases
-    assert max(ratios) <= WITHIN_RADIUS_RATIO
+            assert r.release.status == "OK" and r.release.parameters["path"] == "pooled clip"
+            out.append((r.release.parameters, abs(r.release.estimate[0] - truth[r.key["o"]])))
+    return out
+
+
+def test_pooled_path_takes_the_within_radius_on_far_apart_groups(monkeypatch):
+    """Groups 10 sd apart: the pooled profile spans the spread between groups, the within-group one
+    each group's own; most groups clip at the within radius (at most WITHIN_RADIUS_RATIO of the
+    pooled one), with a fraction of the error they make at the pooled radius (same seeds, the joint
+    stage off). Groups 0.1 sd apart: the two profiles agree, no group takes the within radius."""
+    far = _run_groups(10.0, 6)
+    within = [(p, e) for p, e in far if p["within_group_profile"]]
+    assert len(within) >= 40  # of 60 group releases
+    assert max(p["clipping_radius"] / p["pooled_radius"] for p, _ in within) <= WITHIN_RADIUS_RATIO
+    within_errs = [e for _, e in within]
+    pooled_only = _run_groups(10.0, 6, joint=False, monkeypatch=monkeypatch)
+    assert not any(p["within_group_profile"] for p, _ in pooled_only)
+    assert np.median([e for _, e in far]) < 0.5 * np.median([e for _, e in pooled_only])
+    monkeypatch.undo()
+    near = _run_groups(0.1, 3)
+    assert not any(p["within_group_profile"] for p, _ in near)
+    assert all(p["clipping_radius"] == p["pooled_radius"] for p, _ in near)
     # the fine stage (epsilon 0.4 x 0.7 x 0.95 x 0.75 = 0.2; 800 x 0.266 noisy persons x epsilon
     # < OWN_STAGES_N_EPS): Laplace scale at the within radius (~4-5 sd, count weight ~2) about
     # 7 / (0.2 x 800) ~ 0.04; at the pooled radius (~50) it would be ~0.35
