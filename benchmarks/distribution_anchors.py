@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import tempfile
 import time
@@ -130,7 +129,7 @@ class TumultCounts:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from benchmarks.anchors.tumult import PYTHON
+        from benchmarks.anchors.tumult import PYTHON, worker_env
 
         spec = {"epsilon": self.epsilon, "out_dir": str(self.workdir), "queries": []}
         for i, ((cell, cap), q) in enumerate(self.queries.items()):
@@ -141,7 +140,7 @@ class TumultCounts:
             spec["queries"].append({"name": f"d{i}", "parquet": str(path), "l0": cap, "n_keys": q["g_next"],
                                     "aggs": ["count"], "truncation": "rows"})
         (self.workdir / "spec.json").write_text(json.dumps(spec))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_HOME", "PYTHONPATH"))}
+        env = worker_env()
         worker = Path(__file__).resolve().parent / "anchors" / "tumult_grouped_worker.py"
         with open(self.workdir / "tumult.log", "w") as log:
             r = subprocess.run([str(PYTHON), str(worker), str(self.workdir / "spec.json")], stdout=log, stderr=log,

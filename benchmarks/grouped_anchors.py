@@ -460,7 +460,7 @@ class TumultGrouped:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from benchmarks.anchors.tumult import PYTHON
+        from benchmarks.anchors.tumult import PYTHON, worker_env
 
         spec = {"epsilon": EPSILON, "out_dir": str(self.workdir), "queries": []}
         for i, (name, q) in enumerate(self.cells.items()):
@@ -471,7 +471,7 @@ class TumultGrouped:
             spec["queries"].append({"name": f"q{i}", "parquet": str(path), "l0": q["l0"], "n_keys": q["g_next"],
                                     "aggs": ["average", "count"]})
         (self.workdir / "spec.json").write_text(json.dumps(spec))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_HOME", "PYTHONPATH"))}
+        env = worker_env()
         with open(log_path, "w") as log:
             r = subprocess.run([str(PYTHON), str(TUMULT_WORKER), str(self.workdir / "spec.json")], stdout=log,
                                stderr=log, env=env)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import tempfile
@@ -131,7 +130,7 @@ def main() -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from benchmarks.anchors.tumult import PYTHON
+        from benchmarks.anchors.tumult import PYTHON, worker_env
 
         spec = {"epsilon": EPSILON, "out_dir": str(work), "queries": []}
         names = list(tq)
@@ -144,7 +143,7 @@ def main() -> None:
             spec["queries"].append({"name": f"q{i}", "parquet": str(path), "l0": job["l0"], "n_keys": job["g_next"],
                                     "aggs": [f"quantile:{key[1]}"]})
         (work / "spec.json").write_text(json.dumps(spec))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_HOME", "PYTHONPATH"))}
+        env = worker_env()
         t0 = time.time()
         with open(work / "tumult.log", "w") as log:
             r = subprocess.run([str(PYTHON), str(TUMULT_WORKER), str(work / "spec.json")], stdout=log, stderr=log,

@@ -32,6 +32,14 @@ WORKER = HERE / "tumult_worker.py"
 PIN = "tmlt.analytics==0.21.0"
 
 
+def worker_env() -> dict[str, str]:
+    """The environment of a Tumult worker process: this one without its Spark and Python paths
+    (the worker runs the venv's own pyspark 3.5), Spark's Python workers in the Tumult venv too."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_HOME", "PYTHONPATH"))}
+    env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = str(PYTHON)
+    return env
+
+
 def available() -> tuple[bool, str]:
     if not PYTHON.exists():
         return False, f"no Tumult venv at {VENV} (create it with `python -m benchmarks.anchors --setup-tumult`)"
@@ -111,7 +119,7 @@ class TumultJobs:
                 extra["statistic"] = np.str_(self.statistic)
             np.savez(src, job=job, value=np.concatenate(self.values), jobs=np.arange(len(self.keys)),
                      epsilon=np.float64(self.epsilon), **extra)
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_HOME", "PYTHONPATH"))}
+            env = worker_env()
             log = open(log_path, "w") if log_path else subprocess.DEVNULL
             try:
                 r = subprocess.run([str(PYTHON), str(WORKER), str(src), str(dst)], stdout=log, stderr=log, env=env)

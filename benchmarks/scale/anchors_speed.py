@@ -39,14 +39,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.anchors.tumult import PYTHON as TUMULT_PY
+from benchmarks.anchors.tumult import worker_env
+from benchmarks.scale.run import _num
+
 HERE = Path(__file__).resolve().parent
-TUMULT_PY = HERE.parent / "anchors" / ".tumult-venv" / "bin" / "python"
 TUMULT_WORKER = HERE.parent / "anchors" / "tumult_speed_worker.py"
 LOW, HIGH = -20.0, 30.0
-
-
-def _num(s: str) -> int:
-    return int(float(s))
 
 
 def ours(spark, path: str) -> float:
@@ -99,17 +98,16 @@ def pipelinedp(spark, path: str, per_person: int) -> float:
 
 
 def tumult(path: str, per_person: int, repeats: int) -> dict:
-    out = Path(tempfile.mkdtemp(prefix="tumult-speed-")) / "out.json"
+    tmp = Path(tempfile.mkdtemp(prefix="tumult-speed-"))
+    out, log = tmp / "out.json", tmp / "worker.log"
     cmd = [str(TUMULT_PY), str(TUMULT_WORKER), path, str(per_person), str(LOW), str(HIGH), str(repeats), str(out)]
-    # Tumult's own pyspark 3.5 and Python workers (never this venv's pyspark 4)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_HOME", "PYTHONPATH"))}
-    env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = str(TUMULT_PY)
-    log = out.with_suffix(".log")
-    with open(log, "w") as f:
-        r = subprocess.run(cmd, stdout=f, stderr=f, env=env)
+    with open(log, "w") as f:  # Tumult's own pyspark 3.5 and Python workers (never this venv's pyspark 4)
+        r = subprocess.run(cmd, stdout=f, stderr=f, env=worker_env())
     if r.returncode != 0 or not out.exists():
-        raise RuntimeError(f"Tumult worker failed (exit {r.returncode}); see {log}")
-    return json.loads(out.read_text())
+        raise RuntimeError(f"Tumult worker failed (exit {r.returncode}); see {log} (kept)")
+    result = json.loads(out.read_text())
+    shutil.rmtree(tmp, ignore_errors=True)
+    return result
 
 
 def main(argv=None) -> int:

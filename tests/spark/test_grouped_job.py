@@ -170,9 +170,10 @@ def test_grouped_mean_pooled_path_joint_stage_production_noise(spark, tmp_path):
     stages is allowed), whose within-group profile is one joint stage: one Spark aggregation over
     the persons' first kept groups, noise drawn once on the driver, charged once for all groups
     (the spend shows it). Each release within 5 of its own 90% bars of the exact per-group
-    person-level mean. Numpy twin of this test's data (200 seeded
-    runs): worst |error| / bar 3.52, 98.1% covered; 80% of group releases on the within radius
-    (0.23 of the pooled radius, median), 17% of runs with none (one group's rough mean far off
+    person-level mean. Numpy twin of this test's data (its person means through
+    NumpyGroupedInput + run_grouped_numpy, SeededNoise([21, seed]), 200 seeds, 2026-12-05):
+    worst |error| / bar 3.52, 98.1% covered; 80% of group releases on the within radius (0.23 of
+    the pooled radius, median), 17% of runs with none (one group's rough mean far off
     makes the joint profile read a far bump: the rule then keeps the pooled radius)."""
     rng = np.random.default_rng(8)
     rows, G, P = [], 10, 600
