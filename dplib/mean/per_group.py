@@ -146,8 +146,8 @@ OWN_STAGES_N_EPS = 300.0
 SMALL_N_EPS = 1000.0
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free-per-group"
 ALGORITHM_VERSION = "6"  # 6: the locating histogram (light pooled tails); 5: the joint within-group profile (shares 10/15/15/40/20); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
-#: Pooled path: share of the group's rest spent on the first clip-and-noise (around the pooled
-#: centre), which re-centres the second on the group.
+#: Pooled path: share of the group's rest spent on its first step (the locating histogram, or the
+#: clip-and-noise around the pooled centre), whose rough mean re-centres the fine clip on the group.
 RECENTRE_SHARE = 0.25
 STAGE_COUNT = "group count"
 STAGE_RECENTRE = "re-centring clip-and-noise"
@@ -174,6 +174,12 @@ LOCATE_FLOOR = 2.0
 #: The rough mean's working bound adds this many bins for the bin centres' discretisation
 #: (0.5 / 0.25 / 0: Gaussian G = 10 0.041 / 0.039 / 0.038, bars covering 0.96 / 0.93 / 0.92).
 LOCATE_DISCRETE = 0.25
+#: The rough mean's bound is claimed only when the top noisy count reaches (ln(bins) + this) noise
+#: scales: above the largest of the bins' Laplace noises but with probability about
+#: exp(-LOCATE_PEAK_MARGIN) / 2 (else the top bin may be a noise spike: u1 = the radius). A
+#: review measured |m1 - mean| <= u1 in 32 / 55 / 86 / 98% of runs at 30 / 120 / 300 / 800
+#: persons (radius 11 sd, epsilon 0.033) without this rule.
+LOCATE_PEAK_MARGIN = 3.0
 STAGE_FINE = "fine clip-and-noise"
 PATH_OWN = "own stages"
 PATH_POOLED = "pooled clip"
@@ -385,10 +391,12 @@ def locating_histogram(
 
     Bins of width ``h = min(radius / LOCATE_BINS_PER_RADIUS, LOCATE_WIDTH_OF_BULK x bulk)`` (at
     least ``radius / LOCATE_MAX_HALF_BINS``), ``2 ceil(radius / h)`` of them from ``c0 - radius``
-    (covering ``[c0 - radius, c0 + radius]``); every bin's person count gets Laplace noise of scale
-    ``1 / epsilon``. The rough mean is the noisy-count-weighted
-    mean of the bin centres over the window ``LOCATE_WINDOW`` bins either side of the noisy argmax,
-    grown over contiguous bins whose noisy count reaches ``LOCATE_FLOOR / epsilon``.
+    (covering ``[c0 - radius, c0 + radius]``; the start is cut to ``-VALUE_BOUND`` if below it);
+    every bin's person count gets Laplace noise of scale ``1 / epsilon``. ``bulk`` may be nan
+    (then ``h = radius / LOCATE_BINS_PER_RADIUS``). The rough mean is the noisy-count-weighted
+    mean of the bin centres (negative counts as 0) over the window ``LOCATE_WINDOW`` bins either
+    side of the noisy argmax, grown over contiguous bins whose noisy count reaches
+    ``LOCATE_FLOOR / epsilon``; if no count in the window is positive, the top bin's centre.
 
     ``c0``, ``radius`` and ``bulk`` (the pooled profile's median deviation) must be public (DP
     outputs); the caller must have charged ``epsilon`` on ``group``.
@@ -397,8 +405,10 @@ def locating_histogram(
     -------
     (m1, u1, info)
         ``m1`` (data units); ``u1`` a working 90% bound on ``|m1 - the group's mean|`` (the window
-        mean's Laplace noise at 1.645 sd plus ``LOCATE_DISCRETE`` bins; not a proof: the error bar
-        adds the fine stage's measured offset); ``info`` the public bin width and window.
+        mean's Laplace noise at 1.645 sd plus ``LOCATE_DISCRETE`` bins; the radius when the top
+        bin does not clear the bins' noise by ``LOCATE_PEAK_MARGIN`` or nothing is positive; not
+        a proof: the error bar adds the fine stage's measured offset); ``info`` the public bin
+        width and the window's ends (DP outputs).
 
     Privacy
     -------
@@ -425,12 +435,19 @@ def locating_histogram(
     while hi < nb and noisy[hi] >= floor:
         hi += 1
     w = np.maximum(noisy[lo:hi], 0.0)
-    x = offset + (np.arange(lo, hi) + 0.5) * h
-    info = {"locating_bin_width": h, "locating_window": [float(x[0] - h / 2), float(x[-1] + h / 2)]}
+    info = {"locating_bin_width": h, "locating_window": [offset + lo * h, offset + hi * h]}
     if not w.sum() > 0:  # nothing positive near the top bin (all noise): its centre, no claim
-        return float(x[j - lo]), float(radius), info
-    m1 = float(np.dot(w, x) / w.sum())
-    sd = float(np.sqrt(2.0 * np.sum((x - m1) ** 2)) * scale / w.sum())
+        return offset + (j + 0.5) * h, float(radius), info
+    # in bin units from the window's first bin (no overflow near the value bound)
+    k = np.arange(hi - lo, dtype=float)
+    k_m = float(np.dot(w, k) / w.sum())
+    m1 = offset + (lo + 0.5 + k_m) * h
+    if noisy[j] < scale * (math.log(nb) + LOCATE_PEAK_MARGIN):
+        # the top bin does not stand clear of the largest noise the nb bins would draw on their own:
+        # it may be a noise spike, so no claim on m1's error (the count weight and the bar then
+        # take the whole radius)
+        return m1, float(radius), info
+    sd = float(np.sqrt(2.0 * np.sum((k - k_m) ** 2)) * scale / w.sum()) * h
     return m1, float(min(1.645 * sd + LOCATE_DISCRETE * h, radius)), info
 
 
@@ -514,8 +531,8 @@ def group_person_mean(
         return dataclasses.replace(rel, epsilon=eps, delta=delta, parameters={
             **params, **rel.parameters, "path": PATH_OWN, "stages": _stages(accountant, start, stage_prefix)})
 
-    # 2b. pooled clip, in two steps: (i) around the pooled centre c0 (the group may sit anywhere in
-    # the pool: the count carries the full weight rho) -> a rough group mean m1; (ii) around m1.
+    # 2b. pooled clip, in two steps: (i) a rough group mean m1 (a locating histogram, or a clip
+    # around the pooled centre c0); (ii) a clip-and-noise around m1.
     s = shared.setup
     low, high = min(s.bin_width / 4.0, s.high / 2.0), 2.0 * s.high
     n_eps = max(n_noisy, 1.0) * eps_rest
@@ -532,8 +549,8 @@ def group_person_mean(
                                                  plan.group, b_a.epsilon, noise)
         params.update(located)
     else:
-        # (i) around the pooled centre c0 (the group may sit anywhere in the pool: the count carries
-        # the full weight rho) -> a rough group mean m1
+        # (i) heavy pooled tail: a clip-and-noise around the pooled centre c0 (the group may sit
+        # anywhere in the pool: the count carries the full weight rho) -> a rough group mean m1
         accountant.charge(f"{stage_prefix}{STAGE_RECENTRE}", b_a, plan.group)
         first = centred_clip_and_noise(backend, column, s.center, rho_a, rho_a, plan.group, b_a.epsilon, noise)
         # a 90% bound on |m1 - (the group's clipped mean)|: its Laplace noise with the offset as d

@@ -154,3 +154,53 @@ def test_heavy_pooled_tail_keeps_the_clip():
     rel = group_person_mean(_agg(y), "v", GroupMeanPlan(Budget(0.2, 0.0)), SeededNoise(8), shared=pooled)
     assert rel.parameters["path"] == PATH_POOLED and rel.parameters["locating_histogram"] is False
     assert [st["stage"] for st in rel.parameters["stages"]][1] == "re-centring clip-and-noise"
+
+
+@pytest.mark.parametrize("c0,radius,bulk", [(1e300, 1e300, 1e-300), (-1e300, 2.6e300, float("inf")),
+                                            (0.0, 1e-290, 0.0), (5.0, 11.0, float("nan"))])
+def test_locating_histogram_is_total_on_extreme_public_inputs(c0, radius, bulk):
+    """Any finite DP inputs give finite outputs and at most 2 x LOCATE_MAX_HALF_BINS bins, also when
+    every noisy count is negative (the all-noise fallback) and for values at the value bound."""
+    y = np.array([1e300, -1e300, 0.0, 5.0, 7.0])
+
+    class _Negative(_Recording):
+        def add_laplace(self, values, scale):
+            super().add_laplace(values, scale)
+            return np.full(len(values), -1.0)
+
+    for noise in (SeededNoise(1), _Negative()):
+        m1, u1, info = locating_histogram(_agg(y), "v", c0, radius, bulk, ALL_PERSONS, 0.5, noise)
+        assert np.isfinite(m1) and np.isfinite(u1) and 0 < u1 <= radius
+        assert 0 < info["locating_bin_width"] and np.all(np.isfinite(info["locating_window"]))
+    assert noise.calls[0][0].size <= 512
+    assert u1 == radius  # all noise: no claim
+
+
+def test_pooled_path_charges_the_locating_stage_before_reading():
+    """The locating histogram's charge is recorded before its exact histogram is read, and its
+    noise drawn after both."""
+    pooled = shared_scale(_agg(_pooled()), "v", SharedScalePlan(Budget(1.0, 1e-6)), SeededNoise(1),
+                          Accountant(Budget(1.0, 1e-6)))
+    events: list[str] = []
+
+    class _Acc(Accountant):
+        def charge(self, stage, budget, group=ALL_PERSONS):
+            events.append(f"charge:{stage}")
+            return super().charge(stage, budget, group)
+
+    class _Agg(NumpyAggregates):
+        def histogram(self, *a, **k):
+            events.append("read:histogram")
+            return super().histogram(*a, **k)
+
+    class _Noise(SeededNoise):
+        def add_laplace(self, values, scale):
+            events.append("noise")
+            return super().add_laplace(values, scale)
+
+    y = np.random.default_rng(2).normal(8.0, 1.0, 800)
+    agg = _Agg({"v": y}, (np.arange(y.size) * 2654435761) % (2**32))
+    rel = group_person_mean(agg, "v", GroupMeanPlan(Budget(0.2, 0.0)), _Noise(3), _Acc(Budget(0.2, 0.0)), shared=pooled)
+    assert rel.parameters["locating_histogram"] is True
+    i = events.index("charge:locating histogram")
+    assert events[i + 1] == "read:histogram" and events[i + 2] == "noise", events
