@@ -57,7 +57,7 @@ from dplib.mechanisms.basic import clamp_exact
 from dplib.seam import Aggregates
 
 ALGORITHM = "clipped-covariance/scale-free (CoinPress-style)"
-ALGORITHM_VERSION = "3"
+ALGORITHM_VERSION = "4"  # 4: its stage 1 (the multivariate mean, version 5) retries its ranges with pure-DP buckets
 STAGE_MEAN = "mean: "
 STAGE_SECOND = "second moment"
 #: Epsilon share of stage 1, and the shares of its centre, scale and norm-profile stages (of stage

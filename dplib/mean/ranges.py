@@ -217,8 +217,13 @@ def magnitude_range_from_counts(
     q: float = 0.9,
     exponent_range: tuple[int, int] = DEFAULT_EXPONENT_RANGE,
     octaves: int = 1,
+    confirm_beta: float | None = None,
 ) -> MagnitudeRange | None:
     """:func:`magnitude_range` from the exact log-magnitude histogram (centre 0, no sub-edges).
+
+    ``confirm_beta`` (pure DP only): no range unless the largest noisy bucket reaches
+    ``ln(buckets / confirm_beta)`` noise scales (when no bucket holds data, one passes with
+    probability about ``confirm_beta / 2``); post-processing.
 
     The caller passes the backend's exact counts (e.g. one column of
     ``Aggregates.log_histograms``); they are noised here and never returned.
@@ -252,6 +257,8 @@ def magnitude_range_from_counts(
                 e = min(_key_exponent(k), starts[-1])
                 dense[index[_key(e, 1 if k > 0 else -1)]] += c
         noisy, scale = pure_dp_histogram(dense, epsilon, noise)
+        if confirm_beta is not None and float(np.max(noisy)) < scale * math.log(len(dense) / confirm_beta):
+            return None
         # Noise floor (as in deviation_profile): empty buckets would otherwise add ~J/(2 eps)
         # of spurious mass and stretch the window over the whole exponent range.
         floor = scale * math.log(len(dense) / FLOOR_BETA)

@@ -83,7 +83,7 @@ from dplib.mechanisms import NoiseSource, gaussian_sigma
 from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-multivariate-person-mean/scale-free"
-ALGORITHM_VERSION = "4"  # 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
+ALGORITHM_VERSION = "5"  # 5: pure-DP range retries over public two-octave buckets (0.10 / 0.15); 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
 
 STAGE_RANGES = "coordinate ranges"
 STAGE_RANGES_RETRY = "coordinate ranges (retry)"
@@ -94,10 +94,26 @@ STAGE_NORMS = "norm profile"
 STAGE_FINAL = "final clip-and-noise"
 
 RANGE_SHARE = 0.04
-RANGE_RETRY_SHARE = 0.20
+#: The retries read Laplace noise on every bucket of this public exponent range (pure DP, buckets
+#: of RETRY_OCTAVES octaves; 103 buckets) instead of the first run's thresholded histogram: a
+#: range only when the top noisy bucket reaches ln(buckets / RETRY_CONFIRM_BETA) = 11.5 noise
+#: scales (against a threshold of 1 + ln(1 / (2 delta_j)) / eps_j, ~15-18 scales), read above the
+#: floor of ln(buckets / 0.1); so fewer persons find a range. Without the confirmation (the floor
+#: alone: a noise bucket passes it in ~5% of runs with no data bucket above it) the clipped
+#: covariance at 1,000 persons released 40/40, but with scales off by up to 1e14 (median 0.30,
+#: max 2e26 relative Frobenius). Values beyond 2^60 fall in the top bucket, and a range reaching
+#: it counts as none (the first run, thresholded, reads any magnitude). The whole double range
+#: (-999, 996) raised the floor (17/20 released at 1,000 persons, median 0.65, before the
+#: confirmation). Measured (benchmarks/results/multivariate_small_n.md, covariance_clipped.md).
+RETRY_EXPONENT_RANGE = (-40, 60)
+RETRY_OCTAVES = 2
+RETRY_CONFIRM_BETA = 1e-3
+_RETRY_TOP = 2.0 ** (RETRY_EXPONENT_RANGE[0] + ((RETRY_EXPONENT_RANGE[1] - RETRY_EXPONENT_RANGE[0]) // RETRY_OCTAVES)
+                     * RETRY_OCTAVES)
+RANGE_RETRY_SHARE = 0.10
 #: A second retry, on the coordinates both runs missed (small data: at d = 4, ~1,000 persons with
 #: one coordinate spread over many octaves); 0 turns it off.
-RANGE_RETRY2_SHARE = 0.25
+RANGE_RETRY2_SHARE = 0.15
 CENTRE_SHARE = 0.04
 SCALES_SHARE = 0.05
 NORM_SHARE = 0.06
@@ -369,7 +385,15 @@ def scale_free_multivariate_mean(
         b = charge(stage)
         eps_j, delta_j = coordinate_budget(b.epsilon, b.delta, len(coords))
         exact = backend.log_histograms([columns[j] for j in coords], [0.0] * len(coords), group)
-        out = [magnitude_range_from_counts(h, eps_j, delta_j, noise, plan.range_quantile) for h in exact]
+        if stage == STAGE_RANGES:
+            out = [magnitude_range_from_counts(h, eps_j, delta_j, noise, plan.range_quantile) for h in exact]
+        else:
+            # retries (small data): Laplace on every bucket of RETRY_EXPONENT_RANGE, RETRY_OCTAVES
+            # octaves each, no threshold (their delta is charged, not used); a range reaching the
+            # top bucket (which also holds every larger value) is no range
+            out = [magnitude_range_from_counts(h, eps_j, 0.0, noise, plan.range_quantile, RETRY_EXPONENT_RANGE,
+                                               RETRY_OCTAVES, RETRY_CONFIRM_BETA) for h in exact]
+            out = [None if r is not None and max(abs(r.lower), abs(r.upper)) > _RETRY_TOP else r for r in out]
         del exact
         return out
 

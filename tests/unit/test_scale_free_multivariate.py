@@ -239,16 +239,17 @@ def test_plan_range_shares_move_the_final_stage():
 
 def test_second_retry_reads_only_what_both_runs_missed():
     # 1,000 persons, d = 4, the covariance benchmark's coordinates: the first run (4% split four
-    # ways, threshold ~4,700) misses all four; the retry (20% split four ways, ~340) keeps the
-    # three narrow ones (fullest magnitude buckets of 400-1,000 persons) and misses the sd-10 one
-    # (~245); the second retry (25% on that one alone, ~70) finds it. Then a release whose bars
-    # cover: the accuracy/coverage study (40 seeds: median scaled l2 error 0.27, coordinate
-    # coverage 0.96) is in benchmarks/results/multivariate_small_n.md.
+    # ways, thresholded: ~4,700 persons in a bucket) misses all four; the retry (10% split four
+    # ways, Laplace on the public exponent range's two-octave buckets, a range only if the top
+    # bucket reaches ln(103 / 1e-3) = 11.5 noise scales: ~460 persons at eps_j = 0.025) keeps the
+    # three narrow ones (fullest buckets of 600-1,000 persons) and misses the sd-10 one (~250);
+    # the second retry (15% on that one alone: ~77) finds it. Then a release: the
+    # accuracy/coverage study is in benchmarks/results/multivariate_small_n.md.
     rng = np.random.default_rng(12)
     y = 5.0 + rng.standard_normal((1_000, 4)) * np.array([1.0, 10.0, 0.1, 3.0])
     spy = _SpyBackend(_backend(y))
     acc = Accountant(Budget(EPS, DELTA))
-    rel = scale_free_multivariate_mean(spy, _cols(4), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 4), SeededNoise(6), acc)
+    rel = scale_free_multivariate_mean(spy, _cols(4), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 4), SeededNoise(1), acc)
     assert spy.log_calls[:3] == [_cols(4), _cols(4), ["x1"]]
     assert rel.parameters["range_retried_twice_coordinates"] == [1]
     assert [c.stage for c in acc.charges][:3] == [STAGE_RANGES, STAGE_RANGES_RETRY, STAGE_RANGES_RETRY2]
@@ -380,3 +381,17 @@ def test_final_share_cap():
     for bad in (0.0, 1.0, True, "0.2", 0.9):  # 0.9: more than the other stages leave after retries
         with pytest.raises(InvalidParameterError, match="final_share_max"):
             ScaleFreeMultivariatePlan(Budget(1.0, 1e-6), 2, final_share_max=bad)
+
+
+def test_retry_range_reaching_the_top_bucket_is_no_range():
+    """A retry reads the public exponent range (-40, 60): a coordinate whose persons sit beyond
+    2^60 lands in the top bucket, which also holds every larger value; such a range is refused
+    (INSUFFICIENT_DATA) rather than read as [2^60, 2^62) (a confidently wrong scale)."""
+    rng = np.random.default_rng(3)
+    y = np.column_stack([5.0 + rng.standard_normal(600), 1e25 * (1.0 + 0.1 * rng.standard_normal(600))])
+    acc = Accountant(Budget(EPS, DELTA))
+    rel = scale_free_multivariate_mean(_backend(y), _cols(2), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 2),
+                                       SeededNoise(2), acc)
+    assert rel.status == STATUS_INSUFFICIENT and rel.estimate is None
+    assert rel.parameters["range_retried_coordinates"] == [0, 1] or rel.parameters["range_retried_coordinates"] == [1]
+    assert rel.parameters.get("range_retried_twice_coordinates") == [1]
