@@ -160,11 +160,25 @@ def smallest_window(intervals: list[tuple[float, float]], weights: list[float], 
     return best
 
 
-def _check_range_args(q: float, delta: float, exponent_range: tuple[int, int], octaves: int) -> None:
+def _check_range_args(q: float, delta: float, exponent_range: tuple[int, int], octaves: int,
+                      confirm_beta: float | None = None) -> None:
     check_range_quantile(q)
     check_octaves(octaves)
     if delta == 0:  # the exponent range is read by the pure-DP buckets only
         check_exponent_range(exponent_range)
+    if confirm_beta is not None:
+        if delta != 0:
+            raise InvalidParameterError("confirm_beta applies to the pure-DP buckets only (delta == 0)")
+        if isinstance(confirm_beta, bool) or not (isinstance(confirm_beta, (int, float))
+                                                  and math.isfinite(confirm_beta) and 0 < confirm_beta < 1):
+            raise InvalidParameterError(f"confirm_beta must be a finite number in (0, 1), got {confirm_beta!r}")
+
+
+def top_bucket_start(exponent_range: tuple[int, int], octaves: int = 1) -> float:
+    """Lower edge ``2^e`` of the pure-DP buckets' top bucket (which also holds every larger value)
+    for ``exponent_range`` and ``octaves`` (:func:`magnitude_range_from_counts`)."""
+    e_min, e_max = check_exponent_range(exponent_range)
+    return 2.0 ** list(range(e_min, e_max + 1, check_octaves(octaves)))[-1]
 
 
 def magnitude_range(
@@ -198,7 +212,8 @@ def magnitude_range(
     Returns
     -------
     MagnitudeRange or None
-        None when no bucket passes the threshold (approximate DP only).
+        None when no bucket passes the threshold (approximate DP), or the noise floor or the
+        confirmation of :func:`magnitude_range_from_counts` (pure DP).
 
     Privacy
     -------
@@ -228,7 +243,7 @@ def magnitude_range_from_counts(
     The caller passes the backend's exact counts (e.g. one column of
     ``Aggregates.log_histograms``); they are noised here and never returned.
     """
-    _check_range_args(q, delta, exponent_range, octaves)
+    _check_range_args(q, delta, exponent_range, octaves, confirm_beta)
     e_min, e_max = exponent_range
     e_base = e_min if delta == 0 else 0
     # Merge exponents into buckets of `octaves` octaves (a per-person transform of exact counts,

@@ -10,9 +10,12 @@ stage (share of eps)    mechanism
 ======================  ========================================================================
 coordinate ranges 4%    per coordinate, thresholded histogram of signed binary magnitudes (centre
                         0) -> [L_j, U_j]; (eps, delta/4) split over the d coordinates
-(retry 20%)             only if some coordinate released no bucket: the same, larger share,
-                        on those coordinates only (delta/8; the others keep their ranges)
-(second retry 25%)      on the coordinates both runs missed (delta/8); 0 turns it off
+(retry 10%)             only if some coordinate released no bucket, on those coordinates only
+                        (the others keep their ranges): Laplace on every two-octave bucket of
+                        the public magnitudes 2^-40..2^60, a range only if the fullest noisy
+                        bucket reaches ln(buckets / 1e-3) noise scales and none reaching 2^60
+                        (pure DP; delta/8 charged, used only by the composition over coordinates)
+(second retry 15%)      the same on the coordinates both runs missed (delta/8); 0 turns it off
 centre 4%               per coordinate, Laplace histogram of 24 bins of width (U_j - L_j)/8 over
                         [L_j - W_j, U_j + W_j], centroid of the argmax bin and its neighbours
 coordinate scales 5%    per coordinate, Laplace histogram of |Y_j - c_j| on half octaves ->
@@ -63,6 +66,7 @@ from dplib.mean.ranges import (
     deviation_profile_from_counts,
     hidden_mass,
     magnitude_range_from_counts,
+    top_bucket_start,
     visible_only,
     window_bins,
     window_center_from_counts,
@@ -96,7 +100,7 @@ STAGE_FINAL = "final clip-and-noise"
 RANGE_SHARE = 0.04
 #: The retries read Laplace noise on every bucket of this public exponent range (pure DP, buckets
 #: of RETRY_OCTAVES octaves; 103 buckets) instead of the first run's thresholded histogram: a
-#: range only when the top noisy bucket reaches ln(buckets / RETRY_CONFIRM_BETA) = 11.5 noise
+#: range only when the fullest noisy bucket reaches ln(buckets / RETRY_CONFIRM_BETA) = 11.5 noise
 #: scales (against a threshold of 1 + ln(1 / (2 delta_j)) / eps_j, ~15-18 scales), read above the
 #: floor of ln(buckets / 0.1); so fewer persons find a range. Without the confirmation (the floor
 #: alone: a noise bucket passes it in ~5% of runs with no data bucket above it) the clipped
@@ -108,8 +112,7 @@ RANGE_SHARE = 0.04
 RETRY_EXPONENT_RANGE = (-40, 60)
 RETRY_OCTAVES = 2
 RETRY_CONFIRM_BETA = 1e-3
-_RETRY_TOP = 2.0 ** (RETRY_EXPONENT_RANGE[0] + ((RETRY_EXPONENT_RANGE[1] - RETRY_EXPONENT_RANGE[0]) // RETRY_OCTAVES)
-                     * RETRY_OCTAVES)
+_RETRY_TOP = top_bucket_start(RETRY_EXPONENT_RANGE, RETRY_OCTAVES)
 RANGE_RETRY_SHARE = 0.10
 #: A second retry, on the coordinates both runs missed (small data: at d = 4, ~1,000 persons with
 #: one coordinate spread over many octaves); 0 turns it off.

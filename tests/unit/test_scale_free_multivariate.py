@@ -395,3 +395,55 @@ def test_retry_range_reaching_the_top_bucket_is_no_range():
     assert rel.status == STATUS_INSUFFICIENT and rel.estimate is None
     assert rel.parameters["range_retried_coordinates"] == [0, 1] or rel.parameters["range_retried_coordinates"] == [1]
     assert rel.parameters.get("range_retried_twice_coordinates") == [1]
+
+
+@pytest.mark.parametrize("exponent,kept", [(58, True), (59, True), (60, False), (61, False)])
+def test_retry_top_bucket_boundary(exponent, kept):
+    """The retries' top bucket starts at 2^60 (top_bucket_start, from the buckets themselves): a
+    coordinate whose persons sit in [2^e, 2^(e+1)) keeps its range for e < 60, gets none from 60."""
+    from dplib.mean.ranges import top_bucket_start
+    from dplib.mean.scale_free_multivariate import RETRY_EXPONENT_RANGE, RETRY_OCTAVES, _RETRY_TOP
+
+    assert _RETRY_TOP == top_bucket_start(RETRY_EXPONENT_RANGE, RETRY_OCTAVES) == 2.0**60
+    y = np.column_stack([5.0 + np.random.default_rng(1).standard_normal(600),
+                         np.full(600, 1.5 * 2.0**exponent)])
+    acc = Accountant(Budget(EPS, DELTA))
+    rel = scale_free_multivariate_mean(_backend(y), _cols(2), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 2),
+                                       SeededNoise(4), acc)
+    assert 1 in rel.parameters["range_retried_coordinates"]  # the first, thresholded run missed it
+    if kept:
+        lo, hi = rel.parameters["coordinate_ranges"][1]
+        assert lo <= 1.5 * 2.0**exponent <= hi <= 2.0**60
+    else:
+        assert rel.status == STATUS_INSUFFICIENT
+
+
+def test_retries_pass_the_confirmation(monkeypatch):
+    """ranges_run hands the retries RETRY_CONFIRM_BETA (and the pure buckets); the first run none."""
+    import dplib.mean.scale_free_multivariate as mv
+
+    seen = []
+    real = mv.magnitude_range_from_counts
+
+    def spy(*a, **k):
+        seen.append((a[2] if len(a) > 2 else k.get("delta"), a[7] if len(a) > 7 else k.get("confirm_beta")))
+        return real(*a, **k)
+
+    monkeypatch.setattr(mv, "magnitude_range_from_counts", spy)
+    rng = np.random.default_rng(12)
+    y = 5.0 + rng.standard_normal((1_000, 4)) * np.array([1.0, 10.0, 0.1, 3.0])
+    scale_free_multivariate_mean(_backend(y), _cols(4), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 4), SeededNoise(1))
+    first, retries = seen[:4], seen[4:]
+    assert all(d > 0 and b is None for d, b in first)
+    assert retries and all(d == 0.0 and b == mv.RETRY_CONFIRM_BETA for d, b in retries)
+
+
+@pytest.mark.parametrize("beta", [0, -1, 1, 2, float("nan"), float("inf"), True])
+def test_confirm_beta_is_checked(beta):
+    from dplib.errors import InvalidParameterError
+    from dplib.mean.ranges import magnitude_range_from_counts
+
+    with pytest.raises(InvalidParameterError, match="confirm_beta"):
+        magnitude_range_from_counts({}, 0.5, 0.0, SeededNoise(0), 0.9, (-40, 60), 2, beta)
+    with pytest.raises(InvalidParameterError, match="confirm_beta"):
+        magnitude_range_from_counts({}, 0.5, 1e-6, SeededNoise(0), 0.9, (-40, 60), 2, 1e-3)
