@@ -279,11 +279,15 @@ def test_clipped_covariance_through_the_job_with_production_noise(spark, records
     means = pdf.groupby("pid")[COLS].mean().to_numpy()
     exact = np.cov(means.T, bias=True)
     assert np.linalg.norm(cov - exact) / np.linalg.norm(exact) <= 0.25
-    # per-entry 90% bars, row-major like the estimate (numpy twin, 200 noise seeds of this data:
-    # every entry covered in all runs; seeded coverage in tests/unit/test_covariance_clipped.py)
+    # per-entry 90% bars, row-major like the estimate. Numpy twin of this data (its person means,
+    # ClippedCovariancePlan(0.9, 3.6e-4), 300 noise seeds, build/scratch/covjob_twin.py,
+    # 2026-12-05): some entry outside its bar in 29 of 300 runs (three entries at ~97% each), worst
+    # |error| / bar 1.44; so each entry within 2 bars here (a cold CI run met the 9.7% case: entry
+    # (0, 1) at 1.09 bars), and the seeded coverage in tests/unit/test_covariance_clipped.py
     bar = np.array(row.error_bar).reshape(2, 2)
     assert row.error_level == pytest.approx(0.9) and np.allclose(bar, bar.T) and np.all(bar > 0)
-    assert np.all(np.abs(cov - exact) <= bar) and "each entry of the exact covariance" in row.error_covers
+    assert np.all(np.abs(cov - exact) <= 2.0 * bar), (cov, exact, bar)
+    assert "each entry of the exact covariance" in row.error_covers
     assert json.loads(row.parameters)["clipping_radius_rule"] == "second moment"
     stored = read_delta(result.table_path, {"run_id": result.run_id}).to_pylist()
     assert stored[0]["estimate"] == row.estimate and stored[0]["error_bar"] == row.error_bar
