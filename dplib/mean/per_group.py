@@ -74,7 +74,7 @@ from dplib.mean.scale_free import (
     balanced_radius,
     scale_free_person_mean,
 )
-from dplib.mean.ranges import DeviationProfile, confirm_isolated_bins, deviation_profile_from_counts
+from dplib.mean.ranges import DeviationProfile, confirm_isolated_bins, deviation_profile_from_counts, profile_quantile
 from dplib.mean.scale_free_stages import (
     bar_bias,
     INSUFFICIENT_REASON,
@@ -366,17 +366,6 @@ def _stages(accountant: Accountant, start: int, prefix: str) -> list[dict]:
              "epsilon": c.budget.epsilon, "delta": c.budget.delta} for c in accountant.charges[start:]]
 
 
-def _profile_median(profile: DeviationProfile) -> float:
-    """Upper edge of the bin holding the noisy median of a deviation profile (nan when it holds
-    nothing above its noise floor). Post-processing only."""
-    w = np.asarray(profile.weights, dtype=float)
-    if not w.sum() > 0:
-        return math.nan
-    i = int(np.searchsorted(np.cumsum(w) / w.sum(), 0.5))
-    e = profile.edges
-    return float(e[i + 1]) if i + 1 < len(e) and math.isfinite(e[i + 1]) else float(e[i])
-
-
 def locating_histogram(
     backend: Aggregates,
     column: str,
@@ -545,7 +534,7 @@ def group_person_mean(
         # (i) light pooled tail: a Laplace histogram of the group's persons locates its bulk; its
         # noisy mean near the top bin -> m1
         accountant.charge(f"{stage_prefix}{STAGE_LOCATE}", b_a, plan.group)
-        centre, u1, located = locating_histogram(backend, column, s.center, rho_a, _profile_median(s.profile),
+        centre, u1, located = locating_histogram(backend, column, s.center, rho_a, profile_quantile(s.profile, 0.5, floored=True),
                                                  plan.group, b_a.epsilon, noise)
         params.update(located)
     else:

@@ -687,13 +687,14 @@ def hidden_mass(profile: "DeviationProfile", epsilon: float) -> tuple[float, flo
     return float(np.sum(above)), math.sqrt(2.0 * max(above.size, 1)) / epsilon
 
 
-def profile_quantile(profile: "DeviationProfile", q: float) -> float:
+def profile_quantile(profile: "DeviationProfile", q: float, floored: bool = False) -> float:
     """Upper edge of the bin where the noisy CDF of ``|Y - c|`` first reaches ``q``.
 
     The CDF is the cumulative sum of the released (raw) noisy counts over their total, made
-    non-decreasing; post-processing only.
+    non-decreasing (``floored``: of the counts above the noise floor, ``profile.weights``, so
+    that the far bins' noise does not move a central quantile outwards); post-processing only.
     """
-    raw = profile.raw_weights
+    raw = profile.weights if floored else profile.raw_weights
     total = float(np.sum(raw))  # type: ignore[arg-type]  # raw_weights set by every released profile
     if total <= 0:
         return float(profile.edges[-2])

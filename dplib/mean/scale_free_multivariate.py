@@ -392,7 +392,7 @@ def scale_free_multivariate_mean(
             out = [magnitude_range_from_counts(h, eps_j, delta_j, noise, plan.range_quantile) for h in exact]
         else:
             # retries (small data): Laplace on every bucket of RETRY_EXPONENT_RANGE, RETRY_OCTAVES
-            # octaves each, no threshold (their delta is charged, not used); a range reaching the
+            # octaves each, no threshold (their delta only serves the composition across coordinates); a range reaching the
             # top bucket (which also holds every larger value) is no range
             out = [magnitude_range_from_counts(h, eps_j, 0.0, noise, plan.range_quantile, RETRY_EXPONENT_RANGE,
                                                RETRY_OCTAVES, RETRY_CONFIRM_BETA) for h in exact]

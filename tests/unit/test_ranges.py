@@ -730,3 +730,18 @@ def test_profile_with_no_visible_bin_flags_the_release():
     assert setup is not None and not np.any(setup.profile.weights > 0)
     assert setup.tail_flag
     assert "cleared its noise floor" in setup.flag_reason()
+
+
+def test_profile_quantile_floored_ignores_the_far_bins_noise():
+    """``floored=True`` reads the counts above the noise floor (``weights``): noise left in far
+    bins (raw counts) moves the raw median outwards, not the floored one. Hand-computed edges."""
+    from dplib.mean.ranges import DeviationProfile, profile_quantile
+
+    edges = np.array([0.0, 1.0, 2.0, 4.0, 8.0, 16.0, np.inf])
+    raw = np.array([40.0, 50.0, 10.0, 30.0, 30.0, 25.0])  # 30 / 30 / 25: noise in the far bins
+    weights = np.array([40.0, 50.0, 10.0, 0.0, 0.0, 0.0])  # those are below the floor
+    prof = DeviationProfile(edges, weights, 35.0, raw)
+    assert profile_quantile(prof, 0.5) == 4.0  # raw CDF: 40, 90, 100 of 185 -> the third bin [2, 4)
+    assert profile_quantile(prof, 0.5, floored=True) == 2.0  # 40, 90 of 100 -> the second bin [1, 2)
+    empty = DeviationProfile(edges, np.zeros(6), 35.0, raw)
+    assert profile_quantile(empty, 0.5, floored=True) == 16.0  # nothing above the floor: the top edge
