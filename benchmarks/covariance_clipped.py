@@ -120,7 +120,7 @@ def main(argv=None) -> int:
                     help="also run two PipelineDP constructions given non-private bounds (bench extra)")
     ap.add_argument("--cells", default="", help="comma-separated substrings selecting cells")
     args = ap.parse_args(argv)
-    cells = [(f"gaussian d=4 n={n}", lambda s, n=n: synthetic(n, False, s)) for n in (1000, 2000, 4700, 20000)]
+    cells = [(f"gaussian d=4 n={n}", lambda s, n=n: synthetic(n, False, s)) for n in (500, 700, 1000, 2000, 4700, 20000)]
     cells += [("t5 d=4 n=4700", lambda s: synthetic(4700, True, s))]
     try:
         from benchmarks.anchors.data import panel_person_means

@@ -16,6 +16,9 @@ coordinate ranges 4%    per coordinate, thresholded histogram of signed binary m
                         bucket reaches ln(buckets / 1e-3) noise scales and none reaching 2^60
                         (pure DP; delta/8 charged, used only by the composition over coordinates)
 (second retry 15%)      the same on the coordinates both runs missed (delta/8); 0 turns it off
+(joint retry 10%)       only if some coordinates are still missed: ONE Laplace histogram of the
+                        l2 norm of those coordinates (each person one bucket, sensitivity 1, pure
+                        DP) on the same buckets and confirmation -> [-U, U] for each of them
 centre 4%               per coordinate, Laplace histogram of 24 bins of width (U_j - L_j)/8 over
                         [L_j - W_j, U_j + W_j], centroid of the argmax bin and its neighbours
 coordinate scales 5%    per coordinate, Laplace histogram of |Y_j - c_j| on half octaves ->
@@ -26,6 +29,11 @@ final (the rest)        Gaussian on (sum_i clip_R((Y_i - c) / s), w n), w = R / 
                         minimising the model's bias bound plus the expected l2 noise
 ======================  ========================================================================
 
+A coordinate whose scale profile holds most of the noisy persons in its overflow bin (its range
+came from a noise bucket that passed a retry's confirmation) stops the statistic with
+INSUFFICIENT_DATA before the norm profile (``range_lost_coordinates``); each scale is capped at
+what its range allows (the range's width plus the centre's distance from it, over 0.6745).
+
 After a retry (small data) the centre, scale and norm shares double (an adaptive choice from a
 DP outcome under a fixed total: a privacy filter with basic composition). Within a stage the d
 per-coordinate histograms compose by the better of basic and advanced composition for the range
@@ -33,7 +41,7 @@ per-coordinate histograms compose by the better of basic and advanced compositio
 Laplace histograms.
 
 Privacy: add/remove one person; every stage reads all persons; the stages compose sequentially to
-at most the statistic's (epsilon, delta) (range delta/4, each retry delta/8, or delta/4 with one retry only; final delta/2); every centre,
+at most the statistic's (epsilon, delta) (range delta/4, each retry delta/8, or delta/4 with one retry only; the joint retry pure; final delta/2); every centre,
 scale, radius and share is post-processing of earlier DP outputs. ``docs/privacy/multivariate_mean.md``.
 """
 
@@ -62,6 +70,7 @@ from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import (
     check_range_quantile,
     HIDDEN_SD,
+    MagnitudeRange,
     confirm_isolated_bins,
     deviation_profile_from_counts,
     hidden_mass,
@@ -87,11 +96,12 @@ from dplib.mechanisms import NoiseSource, gaussian_sigma
 from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-multivariate-person-mean/scale-free"
-ALGORITHM_VERSION = "5"  # 5: pure-DP range retries over public two-octave buckets (0.10 / 0.15); 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
+ALGORITHM_VERSION = "6"  # 6: the joint-norm range retry; 5: pure-DP range retries over public two-octave buckets (0.10 / 0.15); 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
 
 STAGE_RANGES = "coordinate ranges"
 STAGE_RANGES_RETRY = "coordinate ranges (retry)"
 STAGE_RANGES_RETRY2 = "coordinate ranges (second retry)"
+STAGE_RANGES_JOINT = "coordinate ranges (joint retry)"
 STAGE_CENTRE = "centre"
 STAGE_SCALES = "coordinate scales"
 STAGE_NORMS = "norm profile"
@@ -117,6 +127,24 @@ RANGE_RETRY_SHARE = 0.10
 #: A second retry, on the coordinates both runs missed (small data: at d = 4, ~1,000 persons with
 #: one coordinate spread over many octaves); 0 turns it off.
 RANGE_RETRY2_SHARE = 0.15
+#: The last fallback, on the coordinates all three runs missed: one pure-DP histogram of their
+#: joint l2 norm about 0 (a person adds one count whatever the number of coordinates, so the
+#: share is not split d ways: at d = 4 a quarter of the persons suffice), giving each of them the
+#: symmetric range [-U, U] (U: the norm range's top). Coarser than a coordinate's own signed
+#: range (the centre's bins follow the largest coordinate), so it runs only where the per-coordinate
+#: runs found nothing; before it the clipped covariance at 1,000 persons (d = 4, eps 0.9) released
+#: 1 of 40 runs, after it 40 of 40 (benchmarks/results/covariance_clipped.md). 0 turns it off.
+RANGE_JOINT_SHARE = 0.10
+#: A coordinate whose scale profile's overflow bin (deviations beyond 2^PROFILE_OCTAVES_ABOVE range
+#: widths from its centre) holds more than this share of the noisy person count, and more than
+#: ln(1 / RANGE_LOST_BETA) noise scales, has a range that misses its persons: the statistic stops
+#: there (INSUFFICIENT_DATA) rather than clip at a scale read from that range (seen once in 1,500
+#: seeded runs of the clipped covariance at 1,000 persons: a coordinate of sd 3 about 5 given the
+#: range [2^-32, 2^-30]; released 450x off with bars 1e10 times too short). The share of the
+#: floored profile instead stopped 2.5-5% of ordinary runs at 300-1,000 persons (true bins under the
+#: floor, a noise overflow above it).
+RANGE_LOST_SHARE = 0.5
+RANGE_LOST_BETA = 1e-4
 CENTRE_SHARE = 0.04
 SCALES_SHARE = 0.05
 NORM_SHARE = 0.06
@@ -162,6 +190,7 @@ class ScaleFreeMultivariatePlan:
     range_share: float = RANGE_SHARE
     range_retry_share: float = RANGE_RETRY_SHARE
     range_retry2_share: float = RANGE_RETRY2_SHARE
+    range_joint_share: float = RANGE_JOINT_SHARE
     #: shares of the centre, scale and norm-profile stages (doubled after a retry)
     centre_share: float = CENTRE_SHARE
     scales_share: float = SCALES_SHARE
@@ -178,9 +207,10 @@ class ScaleFreeMultivariatePlan:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0:
                 raise InvalidParameterError(f"{name} must be in (0, 1), got {v!r}")
-        v = self.range_retry2_share
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
-            raise InvalidParameterError(f"range_retry2_share must be in [0, 1), got {v!r}")
+        for name in ("range_retry2_share", "range_joint_share"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                raise InvalidParameterError(f"{name} must be in [0, 1), got {v!r}")
         v = self.final_share_max
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0):
             raise InvalidParameterError(f"final_share_max must be in (0, 1) or None, got {v!r}")
@@ -208,7 +238,7 @@ class ScaleFreeMultivariatePlan:
         return self._final_share_min() if self.final_share_max is None else self.final_share_max
 
     def _final_share_min(self) -> float:
-        return (1.0 - self.range_share - self.range_retry_share - self.range_retry2_share
+        return (1.0 - self.range_share - self.range_retry_share - self.range_retry2_share - self.range_joint_share
                 - SMALL_DATA_BOOST * (self.centre_share + self.scales_share + self.norm_share))
 
     def charges(self, prefix: str = "") -> list[Charge]:
@@ -227,6 +257,8 @@ class ScaleFreeMultivariatePlan:
         ]
         if self.range_retry2_share > 0:
             parts.append((STAGE_RANGES_RETRY2, self.range_retry2_share, delta / 8.0))
+        if self.range_joint_share > 0:
+            parts.append((STAGE_RANGES_JOINT, self.range_joint_share, 0.0))
         parts += [
             (STAGE_CENTRE, self.centre_share * b, 0.0),
             (STAGE_SCALES, self.scales_share * b, 0.0),
@@ -238,6 +270,19 @@ class ScaleFreeMultivariatePlan:
     def cost(self) -> Budget:
         eps, delta = composed_cost(self.charges())
         return Budget(eps, delta)
+
+    def joint_range_minimum_persons(self, bucket_share: float = 0.75) -> int | None:
+        """Persons the joint-norm range retry needs to confirm a range when ``bucket_share`` of
+        them share one two-octave bucket of the norm (public arithmetic: the confirmation's
+        ln(buckets / RETRY_CONFIRM_BETA) Laplace scales at the retry's epsilon); None when the
+        joint retry is off. Below it the statistic is INSUFFICIENT_DATA unless the per-coordinate
+        runs find every range; above it, it usually releases (its accuracy at small data is in
+        benchmarks/results/covariance_clipped.md)."""
+        if self.range_joint_share <= 0:
+            return None
+        buckets = 1 + 2 * len(range(RETRY_EXPONENT_RANGE[0], RETRY_EXPONENT_RANGE[1] + 1, RETRY_OCTAVES))
+        scales = math.log(buckets / RETRY_CONFIRM_BETA)
+        return int(math.ceil(scales / (self.budget.epsilon * self.range_joint_share) / bucket_share))
 
     def describe(self) -> dict:
         """Public parameters, JSON-friendly."""
@@ -400,6 +445,20 @@ def scale_free_multivariate_mean(
         del exact
         return out
 
+    def joint_run(coords: list[int]):
+        # one pure-DP histogram of ||(Y_j)_{j in coords}||_2 about 0 (one bucket per person:
+        # sensitivity 1 whatever len(coords)); U bounds |Y_j| for each coordinate wherever it
+        # bounds the norm, so [-U, U] holds at least the range quantile of persons per coordinate
+        b = charge(STAGE_RANGES_JOINT)
+        counts = backend.norm_log_histogram([columns[j] for j in coords], np.zeros(len(coords)), None, group)
+        r = magnitude_range_from_counts(counts, b.epsilon, 0.0, noise, plan.range_quantile, RETRY_EXPONENT_RANGE,
+                                        RETRY_OCTAVES, RETRY_CONFIRM_BETA)
+        del counts
+        if r is None or max(abs(r.lower), abs(r.upper)) > _RETRY_TOP:
+            return [None] * len(coords)
+        top = max(abs(r.lower), abs(r.upper))
+        return [MagnitudeRange(-top, top, r.noisy_total)] * len(coords)
+
     # 1. per-coordinate magnitude ranges; if some coordinate released no bucket, a retry with a
     # larger share on those coordinates only (the others keep their first-run ranges)
     ranges = ranges_run(STAGE_RANGES, list(range(d)))
@@ -414,6 +473,11 @@ def scale_free_multivariate_mean(
             for j, r in zip(still, ranges_run(STAGE_RANGES_RETRY2, still)):
                 ranges[j] = r
             params["range_retried_twice_coordinates"] = still
+        still = [j for j in failed if ranges[j] is None]
+        if still and plan.range_joint_share > 0:  # one joint histogram over what all runs missed
+            for j, r in zip(still, joint_run(still)):
+                ranges[j] = r
+            params["range_joint_coordinates"] = still
     params["range_retried"] = retried
     if any(r is None for r in ranges):
         eps, delta = composed_cost(accountant.charges[start:])
@@ -442,14 +506,39 @@ def scale_free_multivariate_mean(
     # 3. per-coordinate scales: DP median of |Y_j - c_j|
     b = charge(STAGE_SCALES, eps_total * plan.scales_share * boost)
     exact = backend.log_histograms(columns, list(centre), group, HALF_OCTAVE)
+    n_persons = max(r.noisy_total for r in ranges)  # DP
     scales = np.empty(d)
+    lost = []
     for j in range(d):
         low = max(widths[j] * 2.0**-PROFILE_OCTAVES_BELOW, 1e-300)
         high = min(max(widths[j] * 2.0**PROFILE_OCTAVES_ABOVE, 2.0 * low), 1e300)
         prof = deviation_profile_from_counts(exact[j], b.epsilon / d, noise, low, high, HALF_OCTAVE)
-        scales[j] = min(max(_interpolated_median(prof) / MAD_TO_SD, low), high)
+        # the overflow bin's noisy count above half the persons AND far above its noise (Laplace
+        # scale d / eps: a legitimate coordinate's empty overflow bin passes with probability
+        # RANGE_LOST_BETA / 2)
+        if float(prof.raw_weights[-1]) > max(RANGE_LOST_SHARE * n_persons,
+                                             math.log(1.0 / RANGE_LOST_BETA) * d / b.epsilon):
+            lost.append(j)
+        # at least the range quantile of persons lie in [L_j, U_j], so the median of |Y_j - c_j| is at
+        # most its width plus c_j's distance from it: a noisy median above that (noise in the
+        # profile's empty upper bins) is capped there (post-processing of DP outputs)
+        cap = (widths[j] + max(lowers[j] - centre[j], centre[j] - uppers[j], 0.0)) / MAD_TO_SD
+        scales[j] = min(max(_interpolated_median(prof) / MAD_TO_SD, low), high, max(cap, low))
     del exact
     params["scales_used"] = [float(s) for s in scales]
+    if lost:
+        # most of a coordinate's persons lie beyond the profile's top, 2^6 range widths from its
+        # centre: its range came from a noise bucket (a retry's confirmation passes one in about
+        # 2,000 coordinates), and clipping at its scale would release a confidently wrong value
+        params["range_lost_coordinates"] = lost
+        eps, delta = composed_cost(accountant.charges[start:])
+        return VectorMeanRelease(
+            STATUS_INSUFFICIENT, None, None, ERROR_LEVEL,
+            "none: the DP range of " + ", ".join(columns[j] for j in lost) + " holds few of its persons (their "
+            "deviations lie mostly beyond the scale profile's top: a range read from a noise bucket, as happens "
+            "in about 1 in 2,000 coordinates on small data); nothing more is charged",
+            None, eps, delta, params,
+        )
 
     # 4. norm profile of the scaled deviations -> tail model of ||x||
     b = charge(STAGE_NORMS, eps_total * plan.norm_share * boost)
