@@ -94,7 +94,8 @@ class MultivariateMeanKind(StatisticKind):
         if isinstance(plan, ScaleFreeMultivariatePlan):
             cap = "" if plan.k is None else f", tail nu capped at k={plan.k:g}"
             return (f"  {name}: scale-free multivariate mean, d={plan.d} (ranges, centre, scales and l2 radius found "
-                    f"privately; every stage on all persons, sequential: 4% ranges [+20% and +25% retries on small data], "
+                    f"privately; every stage on all persons, sequential: 4% ranges [+10% and +15% per-coordinate retries and a 10% joint-norm "
+                    f"retry on small data], "
                     f"4% centre, 5% scales, 6% norm profile, the rest to one Gaussian clip-and-noise){cap}")
         how = "declared scales" if plan.scales is not None else "scales found privately"
         return (f"  {name}: multivariate mean, d={plan.d}, {how}, mode={plan.mode} (m={plan.m_model}), k={plan.k:g}; "

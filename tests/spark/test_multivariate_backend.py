@@ -114,6 +114,19 @@ def test_norm_log_histograms_equal(persons, group, d, scales):
     assert sp_b.rows_collected - before == len(h_sp)  # exactly its non-empty bins
 
 
+@pytest.mark.parametrize("columns", [[0, 2], [1, 3, 4]])
+def test_norm_log_histogram_of_a_column_subset_as_the_joint_range_retry_asks(persons, columns):
+    """The joint-norm range retry's call: a subset of the columns, centre 0, no scales, no
+    sub-edges (whole octaves): Spark equals numpy, and every person with values of those columns
+    is in exactly one bin (persons missing another column still count)."""
+    np_b, sp_b = persons
+    cols = [COLS[j] for j in columns]
+    h_sp = sp_b.norm_log_histogram(cols, np.zeros(len(cols)), None, ALL_PERSONS)
+    h_np = np_b.norm_log_histogram(cols, np.zeros(len(cols)), None, ALL_PERSONS)
+    assert h_sp == h_np
+    assert sum(h_sp.values()) == np_b.count(cols, ALL_PERSONS) > np_b.count(COLS, ALL_PERSONS)
+
+
 # ------------------------------------------------------------------------------------------------
 # 10**6 records, the estimator end to end
 # ------------------------------------------------------------------------------------------------
