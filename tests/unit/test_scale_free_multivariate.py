@@ -663,3 +663,63 @@ def test_joint_range_minimum_persons_closed_form_and_power():
             found += bool(rel.parameters.get("range_joint_coordinates")) and all(
                 r is not None for r in rel.parameters.get("coordinate_ranges", [None]))
         assert lo <= found <= hi, (factor, found)
+
+
+class _CallLog:
+    """NumpyAggregates recording each log_histograms / norm_log_histogram call's arguments."""
+
+    def __init__(self, inner):
+        self._inner, self.calls = inner, []
+
+    def log_histograms(self, columns, centres, group, *args):
+        self.calls.append(("log", list(columns), list(centres), args))
+        return self._inner.log_histograms(columns, centres, group, *args)
+
+    def norm_log_histogram(self, columns, center, scales, group, *args):
+        self.calls.append(("norm", list(columns), list(center), args))
+        return self._inner.norm_log_histogram(columns, center, scales, group, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_joint_range_coordinates_share_one_scale_from_one_norm_histogram(monkeypatch):
+    """Small data (noisy persons x a coordinate's scale epsilon < 30): the coordinates of a joint
+    range get one scale from ONE half-octave histogram of ||Y_J - c_J|| (each person one bin) at
+    k epsilon / d, and the scale stage's per-coordinate histograms read only the other
+    coordinates; with the gate at 0 every coordinate reads its own histogram."""
+    import dplib.mean.scale_free_multivariate as mv
+
+    seen = []
+    real = mv.deviation_profile_from_counts
+
+    def spy(counts, epsilon, *a, **k):
+        seen.append((sum(counts.values()), epsilon))
+        return real(counts, epsilon, *a, **k)
+
+    monkeypatch.setattr(mv, "deviation_profile_from_counts", spy)
+    y = _units_data()
+    eps = 0.45
+    plan = ScaleFreeMultivariatePlan(Budget(eps, DELTA), 4, range_retry2_share=0.0)
+    be = _CallLog(_backend(y))
+    rel = scale_free_multivariate_mean(be, _cols(4), plan, SeededNoise(5))
+    p = rel.parameters
+    joint = p["range_joint_coordinates"]
+    assert p["joint_scale_coordinates"] == joint and 2 <= len(joint) < 4
+    assert len({p["scales_used"][j] for j in joint}) == 1
+    own = [j for j in range(4) if j not in joint]
+    half = (2.0**0.5,)
+    scale_calls = [c for c in be.calls if c[3] == (half,)]
+    # the scale stage: own coordinates' signed histograms, then the joint coordinates' norms about
+    # their coarse centres
+    assert scale_calls[0][:2] == ("log", [f"x{j}" for j in own])
+    assert scale_calls[1][:3] == ("norm", [f"x{j}" for j in joint], [p["coarse_center"][j] for j in joint])
+    eps_scales = eps * plan.scales_share * SMALL_DATA_BOOST
+    # the profiles read in the scale stage: one per own coordinate at eps / d, the joint one at k eps / d
+    stage = seen[-(len(own) + 2):-1]  # the last profile read is the norm profile
+    assert [e for _, e in stage] == pytest.approx([eps_scales / 4] * len(own) + [eps_scales * len(joint) / 4])
+    assert stage[-1][0] == len(y)  # every person in one bin of the joint histogram
+
+    monkeypatch.setattr(mv, "JOINT_SCALE_N_EPS", 0.0)
+    off = scale_free_multivariate_mean(_backend(y), _cols(4), plan, SeededNoise(5)).parameters
+    assert "joint_scale_coordinates" not in off and len(set(off["scales_used"])) == 4
