@@ -73,7 +73,8 @@ MAX_GROUPS_SHOWN = 20
 
 
 def _print_release(result) -> None:
-    from spark_jobs.query import coordinate_labels, matrix_lines, statistic_label  # lazy: see main() (missing extras)
+    from spark_jobs.query import (  # lazy: see main() (missing extras)
+        coordinate_labels, matrix_bar_lines, matrix_lines, statistic_label)
 
     if result.reused:
         print(f"\nrun {result.run_id} had already released: the stored release, nothing spent now")
@@ -94,7 +95,7 @@ def _print_release(result) -> None:
             level = f"({int(r.error_level * 100)}% error bar)"
             if matrix_lines(r):
                 print(f"  {statistic_label(r)} ({' x '.join(str(x) for x in r.estimate_shape)}):")
-                for line in matrix_lines(r):
+                for line in matrix_lines(r) + matrix_bar_lines(r):
                     print(f"      {line}")
             elif len(r.estimate) == 1:
                 bar = "no error bar" if r.error_bar is None else f"+/- {r.error_bar[0]:.4f} {level}"
@@ -153,7 +154,7 @@ def cmd_prepare_flights(args) -> int:
 def cmd_releases(args) -> int:
     """``person-dp releases list|show``: read the releases Delta table without Spark."""
     from spark_jobs.query import (  # lazy: per command; main() reports a missing extra
-        RELEASE_COLUMNS, matrix_lines, read_releases, render, render_records)
+        RELEASE_COLUMNS, matrix_bar_lines, matrix_lines, read_releases, render, render_records)
 
     rows = read_releases(args.table, getattr(args, "run_id", None))
     if args.action == "show":
@@ -168,7 +169,7 @@ def cmd_releases(args) -> int:
             for r in rows:
                 if matrix_lines(r):
                     print(f"\n{r['statistic']} ({r['status']}, shape {r['estimate_shape']}):")
-                    print("\n".join(matrix_lines(r)))
+                    print("\n".join(matrix_lines(r) + matrix_bar_lines(r)))
         return 0
     print(render(rows[: args.limit], RELEASE_COLUMNS, args.format))
     return 0

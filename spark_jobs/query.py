@@ -176,6 +176,19 @@ def matrix_lines(r) -> list[str]:
     return out
 
 
+def matrix_bar_lines(r) -> list[str]:
+    """The per-entry error bars of a matrix release in the layout of :func:`matrix_lines`, under a
+    heading with their level; [] when the release is not a matrix or has no bar."""
+    get = r.get if isinstance(r, dict) else lambda k: getattr(r, k)
+    bar, shape = get("error_bar"), list(get("estimate_shape") or [])
+    if not matrix_lines(r) or not bar or len(bar) != shape[0] * shape[1]:
+        return []
+    level = get("error_level")
+    lines = matrix_lines({"estimate_shape": shape, "estimate": list(bar), "columns": list(get("columns"))})
+    head = f"+/- per entry ({int(round(level * 100))}% error bar)" if level else "+/- per entry (error bar)"
+    return [head] + lines
+
+
 #: Earlier runs of a statistic listed in its report section.
 HISTORY_RUNS = 10
 

@@ -233,5 +233,9 @@ def auto_covariance(
     choice.update(chosen=CHOSEN_CLIPPED, reason=why)
     crel = clipped_covariance(aggregates, columns, plan.clipped_plan(), noise, accountant, stage_prefix)
     eps, delta = composed_cost(accountant.charges[start:])
+    params = {**crel.parameters, "estimator_choice": choice}
+    # the branch's listed stages, after the count that chose it (they then add up to the statistic's)
+    count = {"stage": STAGE_COUNT, "epsilon": plan.count_budget.epsilon, "delta": plan.count_budget.delta}
+    params["stages"] = [count, *params.get("stages", [])]
     return AutoCovarianceRelease(crel.status, crel.covariance, CLIPPED_ALGORITHM, crel.error_covers, eps, delta,
-                                 {**crel.parameters, "estimator_choice": choice}, crel.error_bar, crel.error_level)
+                                 params, crel.error_bar, crel.error_level)

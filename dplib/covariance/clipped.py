@@ -408,6 +408,13 @@ def clipped_covariance(
     sigma_unit = gaussian_sigma(1.0, budget2.epsilon, budget2.delta)
     # stage 1's DP outputs, clamped into public finite ranges (post-processing)
     mu = np.clip(np.nan_to_num(np.asarray(mean_rel.estimate, float), nan=0.0), -1e300, 1e300)
+    # ... and into stage 1's centre windows [L_j - W_j, U_j + W_j] (its DP ranges, W_j = U_j - L_j):
+    # on small data the mean's final stage (a tenth of stage 1) can land far outside them (seen on
+    # a 545-person panel: -125,603 against a range of +-4,096), and clipping about such a centre
+    # flattens every person onto the ball's surface
+    windows = np.asarray(p1["coordinate_ranges"], float)
+    widths = windows[:, 1] - windows[:, 0]
+    mu = np.clip(mu, windows[:, 0] - widths, windows[:, 1] + widths)
     scales = np.clip(np.nan_to_num(np.asarray(p1["scales_used"], float), nan=1.0, posinf=HUGE), TINY, HUGE)
     mean_radius = float(p1["final_radius"])
     radius_rule = "second moment" if mean_rel.norm_model is not None else "stage 1's"

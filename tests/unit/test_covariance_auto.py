@@ -102,3 +102,18 @@ def test_refusals_before_any_charge():
     with pytest.raises(BudgetExceededError):
         auto_covariance(agg, vec, cols, AutoCovariancePlan(Budget(0.5, 1e-6), 3), SeededNoise(1), acc)
     assert acc.charges == []
+
+
+def test_the_clipped_branch_lists_the_count_among_its_stages():
+    """A new user found the auto release's ``parameters.stages`` adding up to 0.98 of a release
+    charged 1.0: the count that chose the branch is now listed first, and the list adds up to the
+    release's epsilon."""
+    y = 5.0 + np.random.default_rng(1).standard_normal((3_000, 3))
+    ids = np.arange(3_000)
+    be = NumpyAggregates({c: y[:, j] for j, c in enumerate("abc")}, ids)
+    rel = auto_covariance(be, NumpyPersonVectors(ids, y, "ab" * 32), list("abc"),
+                          AutoCovariancePlan(Budget(1.0, 1e-6), 3), SeededNoise(1))
+    assert rel.parameters["estimator_choice"]["chosen"] == CHOSEN_CLIPPED
+    stages = rel.parameters["stages"]
+    assert stages[0] == {"stage": STAGE_COUNT, "epsilon": pytest.approx(COUNT_EPSILON_SHARE), "delta": 0.0}
+    assert sum(s["epsilon"] for s in stages) == pytest.approx(rel.epsilon) == pytest.approx(1.0)

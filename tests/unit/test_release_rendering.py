@@ -54,3 +54,19 @@ def test_list_table_cuts_long_cells_but_json_and_csv_keep_them():
     assert full["estimate"] == row["estimate"]
     csv_text = render([row], RELEASE_COLUMNS, "csv")
     assert ";".join(f"{x:.6g}" for x in row["estimate"]) in csv_text
+
+
+def test_matrix_bar_lines_lay_the_error_bars_out_like_the_matrix():
+    """A matrix release's per-entry bars print under the matrix in its layout, with their level
+    (a new user found the covariance's bars only as a flat list of 16 numbers); none without a
+    bar or for a vector."""
+    from spark_jobs.query import matrix_bar_lines, matrix_lines
+
+    r = {"estimate_shape": [2, 2], "estimate": [1.0, 0.5, 0.5, 2.0], "error_bar": [0.1, 0.25, 0.25, 3e4],
+         "error_level": 0.9, "columns": ["u", "v"]}
+    lines = matrix_bar_lines(r)
+    assert lines[0] == "+/- per entry (90% error bar)"
+    assert lines[1:] == matrix_lines({**r, "estimate": r["error_bar"]})
+    assert lines[2].split() == ["u", "0.1", "0.25"] and lines[3].split() == ["v", "0.25", "30000"]
+    assert matrix_bar_lines({**r, "error_bar": None}) == []
+    assert matrix_bar_lines({**r, "estimate_shape": [4], "error_bar": [1.0] * 4}) == []
