@@ -178,7 +178,8 @@ class CovarianceRelease:
     ``covariance``: (d, d) positive semidefinite, data units squared, or None; ``error_bar``: (d, d)
     half-widths of per-entry intervals at ``error_level`` (90%) around ``covariance`` for the exact
     covariance of person means, or None (``error_covers`` says why);
-    ``mean``: stage 1's (d,) estimate or None; ``epsilon``, ``delta``: the composed cost charged.
+    ``mean``: stage 1's (d,) estimate clamped into its range windows (stage 2's clipping centre; not
+    a mean to report) or None; ``epsilon``, ``delta``: the composed cost charged.
     """
 
     status: str

@@ -174,6 +174,13 @@ def _check_range_args(q: float, delta: float, exponent_range: tuple[int, int], o
             raise InvalidParameterError(f"confirm_beta must be a finite number in (0, 1), got {confirm_beta!r}")
 
 
+def pure_bucket_count(exponent_range: tuple[int, int], octaves: int = 1) -> int:
+    """Number of public buckets :func:`magnitude_range_from_counts` noises on the pure-DP path:
+    the zero bucket and, for each sign, one per ``octaves`` octaves of ``exponent_range``."""
+    e_min, e_max = check_exponent_range(exponent_range)
+    return 1 + 2 * len(range(e_min, e_max + 1, check_octaves(octaves)))
+
+
 def top_bucket_start(exponent_range: tuple[int, int], octaves: int = 1) -> float:
     """Lower edge ``2^e`` of the pure-DP buckets' top bucket (which also holds every larger value)
     for ``exponent_range`` and ``octaves`` (:func:`magnitude_range_from_counts`)."""

@@ -78,6 +78,7 @@ from dplib.mean.ranges import (
     deviation_profile_from_counts,
     hidden_mass,
     magnitude_range_from_counts,
+    pure_bucket_count,
     top_bucket_start,
     visible_only,
     window_bins,
@@ -158,11 +159,6 @@ RANGE_LOST_BETA = 1e-4
 #: one scale where their own histograms could tell them apart). Multivariate mean (eps 1, the
 #: benchmark's sds): 300 / 500 persons 54.5 / 1.36 -> 11.4 / 1.23, 700+ unchanged.
 JOINT_SCALE_N_EPS = 30.0
-
-
-def n_persons_eps(ranges, eps_j: float) -> float:
-    """Noisy person count (the ranges' largest noisy total, DP) times ``eps_j``."""
-    return max(r.noisy_total for r in ranges) * eps_j
 #: A coordinate scale is at most this factor times (its range's width plus the centre's distance
 #: from the range) / 0.6745. Without a cap, noise in the scale profile's empty upper bins gave
 #: scales 20-400 times the truth at 1,000 persons (d = 4, eps 0.45).
@@ -302,8 +298,7 @@ class ScaleFreeMultivariatePlan:
         benchmarks/results/covariance_clipped.md)."""
         if self.range_joint_share <= 0:
             return None
-        buckets = 1 + 2 * len(range(RETRY_EXPONENT_RANGE[0], RETRY_EXPONENT_RANGE[1] + 1, RETRY_OCTAVES))
-        scales = math.log(buckets / RETRY_CONFIRM_BETA)
+        scales = math.log(pure_bucket_count(RETRY_EXPONENT_RANGE, RETRY_OCTAVES) / RETRY_CONFIRM_BETA)
         return int(math.ceil(scales / (self.budget.epsilon * self.range_joint_share) / bucket_share))
 
     def describe(self) -> dict:
@@ -462,11 +457,15 @@ def scale_free_multivariate_mean(
             # retries (small data): Laplace on every bucket of RETRY_EXPONENT_RANGE, RETRY_OCTAVES
             # octaves each, no threshold (their delta only serves the composition across coordinates); a range reaching the
             # top bucket (which also holds every larger value) is no range
-            out = [magnitude_range_from_counts(h, eps_j, 0.0, noise, plan.range_quantile, RETRY_EXPONENT_RANGE,
-                                               RETRY_OCTAVES, RETRY_CONFIRM_BETA) for h in exact]
-            out = [None if r is not None and max(abs(r.lower), abs(r.upper)) > _RETRY_TOP else r for r in out]
+            out = [retry_range(h, eps_j) for h in exact]
         del exact
         return out
+
+    def retry_range(counts, epsilon: float):
+        # the retries' pure buckets with their confirmation; a range reaching the top bucket is none
+        r = magnitude_range_from_counts(counts, epsilon, 0.0, noise, plan.range_quantile, RETRY_EXPONENT_RANGE,
+                                        RETRY_OCTAVES, RETRY_CONFIRM_BETA)
+        return None if r is None or max(abs(r.lower), abs(r.upper)) > _RETRY_TOP else r
 
     def joint_run(coords: list[int]):
         # one pure-DP histogram of ||(Y_j)_{j in coords}||_2 about 0 (one bucket per person:
@@ -474,10 +473,9 @@ def scale_free_multivariate_mean(
         # bounds the norm, so [-U, U] holds at least the range quantile of persons per coordinate
         b = charge(STAGE_RANGES_JOINT)
         counts = backend.norm_log_histogram([columns[j] for j in coords], np.zeros(len(coords)), None, group)
-        r = magnitude_range_from_counts(counts, b.epsilon, 0.0, noise, plan.range_quantile, RETRY_EXPONENT_RANGE,
-                                        RETRY_OCTAVES, RETRY_CONFIRM_BETA)
+        r = retry_range(counts, b.epsilon)
         del counts
-        if r is None or max(abs(r.lower), abs(r.upper)) > _RETRY_TOP:
+        if r is None:
             return [None] * len(coords)
         top = max(abs(r.lower), abs(r.upper))
         return [MagnitudeRange(-top, top, r.noisy_total)] * len(coords)
@@ -531,11 +529,11 @@ def scale_free_multivariate_mean(
     # ||Y_J - c_J|| / sqrt(chi2_k median), from one histogram at epsilon k / d (one bin per person:
     # the same total, k times the epsilon of each coordinate's own)
     b = charge(STAGE_SCALES, eps_total * plan.scales_share * boost)
+    n_persons = max(r.noisy_total for r in ranges)  # DP
     joint = list(params.get("range_joint_coordinates", []))
     # (a DP outcome: the noisy person count times a coordinate's own scale epsilon)
-    joint = joint if len(joint) >= 2 and n_persons_eps(ranges, b.epsilon / d) < JOINT_SCALE_N_EPS else []
+    joint = joint if len(joint) >= 2 and n_persons * b.epsilon / d < JOINT_SCALE_N_EPS else []
     own = [j for j in range(d) if j not in joint]
-    n_persons = max(r.noisy_total for r in ranges)  # DP
     scales = np.empty(d)
     lost = []
 

@@ -43,7 +43,7 @@ def _clipped_needs(p: ClippedCovariancePlan) -> str:
     return (f"releases from about {need:,} persons at this budget (its joint range's confirmation, with 3/4 of "
             "the persons in one two-octave bucket of their norms; a release, not necessarily a useful one: "
             "columns in very different units share a scale on small data); measured at d = 4 and epsilon 0.9: 1.5x the "
-            "error of a clamped per-entry mean given the data's own bounds at 1,000 persons, 2x at 700, 3.7x at "
+            "matrix-wide error (relative Frobenius; a small-unit column is far worse) of a clamped per-entry mean given the data's own bounds at 1,000 persons, 2x at 700, 3.7x at "
             "500, mostly noise below")
 
 

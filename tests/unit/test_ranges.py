@@ -745,3 +745,18 @@ def test_profile_quantile_floored_ignores_the_far_bins_noise():
     assert profile_quantile(prof, 0.5, floored=True) == 2.0  # 40, 90 of 100 -> the second bin [1, 2)
     empty = DeviationProfile(edges, np.zeros(6), 35.0, raw)
     assert profile_quantile(empty, 0.5, floored=True) == 16.0  # nothing above the floor: the top edge
+
+
+def test_pure_bucket_count_is_what_the_pure_path_noises(monkeypatch):
+    """pure_bucket_count (the dry run's confirmation arithmetic) equals the length of the vector
+    magnitude_range_from_counts puts Laplace noise on, for the retries' layout and the default."""
+    import dplib.mean.ranges as rg
+    from dplib.mechanisms import SeededNoise
+
+    seen = []
+    real = rg.pure_dp_histogram
+    monkeypatch.setattr(rg, "pure_dp_histogram", lambda dense, eps, noise: seen.append(len(dense)) or real(dense, eps, noise))
+    for er, oct_ in (((-40, 60), 2), (rg.DEFAULT_EXPONENT_RANGE, 1), ((-3, 4), 3)):
+        rg.magnitude_range_from_counts({}, 1.0, 0.0, SeededNoise(0), 0.9, er, oct_)
+        assert seen[-1] == rg.pure_bucket_count(er, oct_)
+    assert rg.pure_bucket_count((-40, 60), 2) == 103
