@@ -46,9 +46,18 @@ def worst_log_variance_ratio(est: np.ndarray, true: np.ndarray) -> float:
     return float(np.max(np.abs(np.log(np.maximum(np.diag(est), 1e-12 * t) / t))))
 
 
+def correlation_scale_error(est: np.ndarray, true: np.ndarray) -> float:
+    """||D^-1/2 (Sigma~ - Sigma) D^-1/2||_F / ||D^-1/2 Sigma D^-1/2||_F with D the exact variances:
+    the relative Frobenius error after putting every column in its own standard deviations (unit
+    free: a column in small units weighs as much as one in large units)."""
+    sd = np.sqrt(np.diag(true))
+    outer = np.outer(sd, sd)
+    return float(np.linalg.norm((est - true) / outer) / np.linalg.norm(true / outer))
+
+
 def run_with_bars(y: np.ndarray, eps: float, seed: int, estimator: str = "clipped"):
     """``(relative Frobenius error, per-entry |error| (upper triangle), per-entry bar or None,
-    worst |log variance ratio|)``, or None when nothing was released."""
+    worst |log variance ratio|, correlation-scale error)``, or None when nothing was released."""
     d = y.shape[1]
     cols = [f"y{j}" for j in range(d)]
     rng = np.random.default_rng(10_000 + seed)
@@ -69,7 +78,7 @@ def run_with_bars(y: np.ndarray, eps: float, seed: int, estimator: str = "clippe
     err = np.abs(rel.covariance - true)[iu]
     bar = None if rel.error_bar is None else np.asarray(rel.error_bar)[iu]
     return (float(np.linalg.norm(rel.covariance - true) / np.linalg.norm(true)), err, bar,
-            worst_log_variance_ratio(rel.covariance, true))
+            worst_log_variance_ratio(rel.covariance, true), correlation_scale_error(rel.covariance, true))
 
 
 def _vech(z: np.ndarray) -> np.ndarray:
@@ -129,21 +138,27 @@ def main(argv=None) -> int:
                     help="also run two PipelineDP constructions given non-private bounds (bench extra)")
     ap.add_argument("--cells", default="", help="comma-separated substrings selecting cells")
     args = ap.parse_args(argv)
-    cells = [(f"gaussian d=4 n={n}", lambda s, n=n: synthetic(n, False, s)) for n in (500, 700, 1000, 2000, 4700, 20000)]
+    cells = [(f"gaussian d=4 n={n}", lambda s, n=n: synthetic(n, False, s))
+             for n in (500, 700, 1000, 1500, 2000, 3000, 4700, 20000)]
     cells += [("t5 d=4 n=4700", lambda s: synthetic(4700, True, s))]
     try:
         from benchmarks.anchors.data import panel_person_means
 
         nls, info = panel_person_means("nlswork", ("ln_wage", "hours", "tenure", "ttl_exp"))
         cells.append((f"nlswork ln_wage/hours/tenure/ttl_exp ({info['persons']} persons)", lambda s: nls))
+        cells.append(("nlswork, its first 800 persons by idcode", lambda s: nls[:800]))
+        wp, info = panel_person_means("wagepan", ("lwage", "hours", "exper", "educ"))
+        cells.append((f"wagepan lwage/hours/exper/educ ({info['persons']} persons)", lambda s: wp))
     except Exception as err:  # the bench extra is not installed
         print(f"nlswork: SKIPPED ({type(err).__name__}: {err})")
     print(f"covariance, estimator {args.estimator}: eps = {args.epsilon}, delta = 1e-6, {args.seeds} seeds")
     print("error: relative Frobenius; bars: share of entries (upper triangle) whose 90% bar covers the exact "
           "entry, and the median over entries of (median bar / p90 |error|)")
     print("logvar: median over runs of the worst column's |ln(released variance / exact variance)|")
+    print("corrF: median over runs of the correlation-scale error (relative Frobenius after dividing entry (j, k) "
+          "by the exact sd_j sd_k: unit free)")
     print(f"{'cell':<58}{'released':>9}{'median':>9}{'p90':>9}{'max':>9}{'covered':>9}{'bar/p90':>9}{'logvar':>8}"
-          f"{'sec':>6}")
+          f"{'corrF':>8}{'sec':>6}")
     if args.cells:
         cells = [c for c in cells if any(k in c[0] for k in args.cells.split(","))]
     anchor_rows = []
@@ -152,18 +167,21 @@ def main(argv=None) -> int:
         if args.anchors:
             for label, fn in (("PipelineDP VECTOR_SUM (z, vech zz^T), p99 norm", anchor_vector),
                               ("PipelineDP MEAN per entry, p1/p99 bounds", anchor_means)):
-                errs, logv = [], []
+                errs, logv, corr = [], [], []
                 for s in range(args.seeds):
                     y = make(s)
                     true = np.cov(y.T, bias=True)
                     est = fn(y, args.epsilon)
                     errs.append(float(np.linalg.norm(est - true) / np.linalg.norm(true)))
                     logv.append(worst_log_variance_ratio(est, true))
-                anchor_rows.append((name, label, np.median(errs), np.quantile(errs, 0.9), np.median(logv)))
+                    corr.append(correlation_scale_error(est, true))
+                anchor_rows.append((name, label, np.median(errs), np.quantile(errs, 0.9), np.median(logv),
+                                    np.median(corr)))
         runs = [run_with_bars(make(s), args.epsilon, s, args.estimator) for s in range(args.seeds)]
         ok = [r for r in runs if r is not None]
         rel_err = [r[0] for r in ok]
         logv = f"{np.median([r[3] for r in ok]):.2f}" if ok else "-"
+        corrf = f"{np.median([r[4] for r in ok]):.3f}" if ok else "-"
         med = f"{np.median(rel_err):.3f}" if ok else "-"
         p90 = f"{np.quantile(rel_err, 0.9):.3f}" if ok else "-"
         worst = f"{np.max(rel_err):.3f}" if ok else "-"
@@ -176,12 +194,12 @@ def main(argv=None) -> int:
         else:
             covered = ratio = "-"
         print(f"{name:<58}{len(ok):>5}/{len(runs):<3}{med:>9}{p90:>9}{worst:>9}{covered:>9}{ratio:>9}{logv:>8}"
-              f"{time.time() - t0:>6.0f}", flush=True)
+              f"{corrf:>8}{time.time() - t0:>6.0f}", flush=True)
     if anchor_rows:
         print("\nanchors (same data and epsilon, delta 1e-6, error against the exact covariance of person means)")
-        print(f"{'cell':<58}{'anchor':<50}{'median':>9}{'p90':>9}{'logvar':>8}")
-        for name, label, med, p90, lv in anchor_rows:
-            print(f"{name:<58}{label:<50}{med:>9.3f}{p90:>9.3f}{lv:>8.2f}")
+        print(f"{'cell':<58}{'anchor':<50}{'median':>9}{'p90':>9}{'logvar':>8}{'corrF':>8}")
+        for name, label, med, p90, lv, cf in anchor_rows:
+            print(f"{name:<58}{label:<50}{med:>9.3f}{p90:>9.3f}{lv:>8.2f}{cf:>8.3f}")
     return 0
 
 

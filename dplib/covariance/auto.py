@@ -34,7 +34,7 @@ import numpy as np
 
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.covariance.clipped import ALGORITHM as CLIPPED_ALGORITHM
-from dplib.covariance.clipped import ClippedCovariancePlan, clipped_covariance
+from dplib.covariance.clipped import SMALL_DATA_N_EPS, ClippedCovariancePlan, clipped_covariance
 from dplib.covariance.person import (
     COUNT_EPSILON_SHARE,
     KINDS,
@@ -122,8 +122,11 @@ class AutoCovariancePlan:
         except ConfigError as err:
             return " ".join(str(err).split())
 
-    def clipped_plan(self) -> ClippedCovariancePlan:
-        return ClippedCovariancePlan(self.rest_budget, self.d, group=self.group)
+    def clipped_plan(self, noisy_persons: float | None = None) -> ClippedCovariancePlan:
+        """The clipped branch's plan; its small-data layout when ``noisy_persons`` (the DP person
+        count, post-processing) times the branch's epsilon is below SMALL_DATA_N_EPS."""
+        small = noisy_persons is not None and noisy_persons * self.rest_budget.epsilon < SMALL_DATA_N_EPS
+        return ClippedCovariancePlan(self.rest_budget, self.d, group=self.group, small_data=small)
 
     def bhs_minimum_persons(self) -> int | None:
         """The smallest DP n0 BHS23's gate accepts at this budget, or None when unavailable."""
@@ -231,7 +234,9 @@ def auto_covariance(
     why = (plan.bhs_unavailable() if bhs is None
            else f"the DP lower bound n0 = {fixed.n0} is below BHS23's gate ({need} persons at this budget)")
     choice.update(chosen=CHOSEN_CLIPPED, reason=why)
-    crel = clipped_covariance(aggregates, columns, plan.clipped_plan(), noise, accountant, stage_prefix)
+    cplan = plan.clipped_plan(fixed.noisy_count)
+    choice["small_data_layout"] = cplan.small_data
+    crel = clipped_covariance(aggregates, columns, cplan, noise, accountant, stage_prefix)
     eps, delta = composed_cost(accountant.charges[start:])
     params = {**crel.parameters, "estimator_choice": choice}
     # the branch's listed stages, after the count that chose it (they then add up to the statistic's)

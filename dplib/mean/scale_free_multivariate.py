@@ -21,6 +21,11 @@ coordinate ranges 4%    per coordinate, thresholded histogram of signed binary m
                         DP) on the same buckets and confirmation -> [-U, U] for each of them
 centre 4%               per coordinate, Laplace histogram of 24 bins of width (U_j - L_j)/8 over
                         [L_j - W_j, U_j + W_j], centroid of the argmax bin and its neighbours
+(centre zoom, 0%)       off by default (the clipped covariance's small-data layout turns it on):
+                        per coordinate, Laplace histogram of 24 bins over the centre's bin and
+                        one each side (persons outside not counted, sensitivity 1); the centroid
+                        of its fullest bin +-2 replaces the centre when that bin stands above
+                        ln(24 / 0.01) noise scales and the five hold half of the noisy persons
 coordinate scales 5%    per coordinate, Laplace histogram of |Y_j - c_j| on half octaves ->
                         s_j = its DP median / 0.6745 (a normal's standard deviation); on small
                         data the k >= 2 coordinates of a joint range share one histogram of
@@ -30,6 +35,12 @@ norm profile 6%         Laplace histogram of ||(Y - c) / s|| on half octaves (on
 final (the rest)        Gaussian on (sum_i clip_R((Y_i - c) / s), w n), w = R / 4, l2 radius R
                         minimising the model's bias bound plus the expected l2 noise
 ======================  ========================================================================
+
+The plan's ``small_data`` reads (post-processing of the same mechanisms; set by the clipped
+covariance's small-data layout): the centre window padded by one bin instead of a range width;
+each scale the median of the profile's bins within three octaves of its fullest bin (and any bin
+above three noise scales), read up to 4 range widths; the final radius clamped into the public
+[radius_floor(d), radius_cap(d)] (chi_d quantiles: the scales are normal-sd equivalents).
 
 A coordinate whose scale profile holds most of the noisy persons in its overflow bin (its range
 came from a noise bucket that passed a retry's confirmation) stops the statistic with
@@ -96,7 +107,7 @@ from dplib.mean.scale_free import (
 )
 from dplib.mean.scale_free_stages import bar_bias, tail_flag_reason
 from dplib.mean.scale_free import PROFILE_SUB_EDGES as HALF_OCTAVE
-from dplib.mechanisms import NoiseSource, gaussian_sigma
+from dplib.mechanisms import NoiseSource, gaussian_sigma, pure_dp_histogram
 from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-multivariate-person-mean/scale-free"
@@ -107,6 +118,7 @@ STAGE_RANGES_RETRY = "coordinate ranges (retry)"
 STAGE_RANGES_RETRY2 = "coordinate ranges (second retry)"
 STAGE_RANGES_JOINT = "coordinate ranges (joint retry)"
 STAGE_CENTRE = "centre"
+STAGE_CENTRE_ZOOM = "centre (zoom)"
 STAGE_SCALES = "coordinate scales"
 STAGE_NORMS = "norm profile"
 STAGE_FINAL = "final clip-and-noise"
@@ -163,6 +175,27 @@ JOINT_SCALE_N_EPS = 30.0
 #: from the range) / 0.6745. Without a cap, noise in the scale profile's empty upper bins gave
 #: scales 20-400 times the truth at 1,000 persons (d = 4, eps 0.45).
 SCALE_CAP = 2.0
+#: The centre zoom (off by default; the clipped covariance turns it on): a second per-coordinate
+#: histogram of ZOOM_BINS bins over the first centre's bin and one bin each side. A coordinate
+#: much narrower than its range (sd 0.1 about 5 in [4, 16]: one first-centre bin of width 1.5
+#: holds all of it) gets its centre to within a zoom bin instead of a first-centre bin; used when
+#: the ZOOM_REFINE bins about the zoom's fullest bin hold at least ZOOM_MASS of the noisy persons
+#: (a wide coordinate spreads over the zoom window and keeps its first centre).
+ZOOM_BINS = 24
+ZOOM_REFINE = 2
+ZOOM_MASS = 0.5
+ZOOM_BETA = 0.01
+#: The coordinate scale is the median of |Y_j - c_j| over the profile bins within SCALE_LOCAL_BINS
+#: of the (3-bin smoothed) fullest bin, and the profile for it reaches 2^SCALE_OCTAVES_ABOVE range
+#: widths (the overflow bin beyond: the lost-range stop). The whole profile's median summed the
+#: noise of ~26 bins into its CDF (scales 20x off at 545 persons).
+SCALE_LOCAL_BINS = 6
+SCALE_OUTSIDE_SCALES = 3.0
+SMALL_DATA_CENTRE_PAD_BINS = 1
+RADIUS_FLOOR_QUANTILE = 0.9
+RADIUS_CAP_QUANTILE = 0.99
+RADIUS_CAP_FACTOR = 1.5
+SCALE_OCTAVES_ABOVE = 2
 CENTRE_SHARE = 0.04
 SCALES_SHARE = 0.05
 NORM_SHARE = 0.06
@@ -211,6 +244,11 @@ class ScaleFreeMultivariatePlan:
     range_joint_share: float = RANGE_JOINT_SHARE
     #: shares of the centre, scale and norm-profile stages (doubled after a retry)
     centre_share: float = CENTRE_SHARE
+    centre_zoom_share: float = 0.0
+    #: the small-data reads (post-processing of the same mechanisms): the centre window padded by
+    #: SMALL_DATA_CENTRE_PAD_BINS bins, the scale from _local_median within 2^SCALE_OCTAVES_ABOVE
+    #: range widths, the radius clamped into [radius_floor(d), radius_cap(d)]
+    small_data: bool = False
     scales_share: float = SCALES_SHARE
     norm_share: float = NORM_SHARE
     #: At most this share of epsilon for the final stage (None: all that is left). The plan's
@@ -225,7 +263,7 @@ class ScaleFreeMultivariatePlan:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v < 1.0:
                 raise InvalidParameterError(f"{name} must be in (0, 1), got {v!r}")
-        for name in ("range_retry2_share", "range_joint_share"):
+        for name in ("range_retry2_share", "range_joint_share", "centre_zoom_share"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
                 raise InvalidParameterError(f"{name} must be in [0, 1), got {v!r}")
@@ -257,7 +295,7 @@ class ScaleFreeMultivariatePlan:
 
     def _final_share_min(self) -> float:
         return (1.0 - self.range_share - self.range_retry_share - self.range_retry2_share - self.range_joint_share
-                - SMALL_DATA_BOOST * (self.centre_share + self.scales_share + self.norm_share))
+                - SMALL_DATA_BOOST * (self.centre_share + self.centre_zoom_share + self.scales_share + self.norm_share))
 
     def charges(self, prefix: str = "") -> list[Charge]:
         """Nominal charges in order (the privacy cost before any data is read).
@@ -279,6 +317,10 @@ class ScaleFreeMultivariatePlan:
             parts.append((STAGE_RANGES_JOINT, self.range_joint_share, 0.0))
         parts += [
             (STAGE_CENTRE, self.centre_share * b, 0.0),
+        ]
+        if self.centre_zoom_share > 0:
+            parts.append((STAGE_CENTRE_ZOOM, self.centre_zoom_share * b, 0.0))
+        parts += [
             (STAGE_SCALES, self.scales_share * b, 0.0),
             (STAGE_NORMS, self.norm_share * b, 0.0),
             (STAGE_FINAL, self._final_share_listed(), delta / 2.0),
@@ -310,6 +352,80 @@ class ScaleFreeMultivariatePlan:
             "range_quantile": self.range_quantile,
             "tail_nu_cap": self.k,
         }
+
+
+def radius_floor(d: int) -> float:
+    """The small-data radius floor (scaled units, public): the RADIUS_FLOOR_QUANTILE of the norm
+    of a standard normal d-vector."""
+    return math.sqrt(float(chi2.ppf(RADIUS_FLOOR_QUANTILE, d)))
+
+
+def radius_cap(d: int) -> float:
+    """The small-data radius cap (scaled units, public): RADIUS_CAP_FACTOR times the
+    RADIUS_CAP_QUANTILE of the norm of a standard normal d-vector (noise grows as R^2 in a second
+    moment; an empty or noisy norm profile read as a heavy tail put it at 24-32 on 545 persons)."""
+    return RADIUS_CAP_FACTOR * math.sqrt(float(chi2.ppf(RADIUS_CAP_QUANTILE, d)))
+
+
+def zoom_dense(sparse: dict[int, int]) -> np.ndarray:
+    """The zoom stage's exact vector: persons per bin 0..ZOOM_BINS-1 of the public zoom grid;
+    persons outside it are not counted (one person changes one entry by one, or none)."""
+    dense = np.zeros(ZOOM_BINS)
+    for i, c in sparse.items():
+        if 0 <= i < ZOOM_BINS:
+            dense[i] += c
+    return dense
+
+
+def zoom_center_from_counts(sparse: dict[int, int], epsilon: float, noise: NoiseSource, lower: float, width: float,
+                            n_persons_hint: float) -> float | None:
+    """The zoom stage's centre: Laplace noise (scale 1 / epsilon) on each of the ZOOM_BINS bins
+    ``[lower + i width, lower + (i + 1) width)`` (persons outside them are not counted: a person
+    adds one to at most one bin, sensitivity 1); the centroid of the fullest noisy bin and its
+    ZOOM_REFINE neighbours each side (noisy counts floored at 0) when the fullest bin stands above
+    ln(ZOOM_BINS / ZOOM_BETA) noise scales (no empty bin's noise does, but with probability
+    ZOOM_BETA) and they hold at least ZOOM_MASS of ``n_persons_hint`` (a DP person count), else
+    None (keep the first centre)."""
+    noisy, _ = pure_dp_histogram(zoom_dense(sparse), epsilon, noise)
+    top = int(np.argmax(noisy))
+    js = np.arange(max(top - ZOOM_REFINE, 0), min(top + ZOOM_REFINE + 1, ZOOM_BINS))
+    wts = np.maximum(noisy[js], 0.0)
+    if float(noisy[top]) < math.log(ZOOM_BINS / ZOOM_BETA) / epsilon or float(wts.sum()) < ZOOM_MASS * n_persons_hint:
+        return None
+    return lower + float(np.dot(wts, js + 0.5) / wts.sum()) * width
+
+
+def _local_median(profile, epsilon: float) -> float:
+    """Median of ``|Y - c|`` over the profile bins within SCALE_LOCAL_BINS of the fullest inner
+    bin (noisy counts floored at 0, smoothed over 3 bins to find it), the underflow bin, and any
+    other bin above SCALE_OUTSIDE_SCALES Laplace scales (``1 / epsilon``: a second mode, e.g. an
+    atom of persons at the centre), interpolated geometrically inside its bin (linearly in the
+    underflow bin). Post-processing only."""
+    released = np.asarray(profile.raw_weights, dtype=float)
+    raw = np.clip(released, 0.0, None)
+    edges = profile.edges
+    nb = len(raw)
+    # the fullest bin among the inner ones (an atom of persons at the centre fills the underflow
+    # bin: discrete columns such as years of education); the underflow bin always counts
+    smooth = np.convolve(raw, np.ones(3), mode="same")
+    peak = 1 + int(np.argmax(smooth[1:nb - 1])) if nb > 2 else 0
+    w = np.where(released > SCALE_OUTSIDE_SCALES / epsilon, raw, 0.0)
+    lo_i, hi_i = max(peak - SCALE_LOCAL_BINS, 0), min(peak + SCALE_LOCAL_BINS, nb - 1)
+    w[lo_i:hi_i + 1] = raw[lo_i:hi_i + 1]
+    w[0] = raw[0]
+    total = float(w.sum())
+    if total <= 0:
+        return float(edges[-2])
+    cdf = np.cumsum(w) / total
+    i = int(np.searchsorted(cdf, 0.5, side="left"))
+    if i >= nb - 1:  # in the overflow bin
+        return 2.0 * float(edges[-2])
+    below = float(cdf[i - 1]) if i > 0 else 0.0
+    frac = min(max((0.5 - below) / max(float(cdf[i]) - below, 1e-12), 0.0), 1.0)
+    lo, hi = float(edges[i]), float(edges[i + 1])
+    if lo <= 0:
+        return hi * frac
+    return lo * (hi / lo) ** frac
 
 
 def _interpolated_median(profile) -> float:
@@ -516,13 +632,32 @@ def scale_free_multivariate_mean(
 
     # 2. per-coordinate centre
     b = charge(STAGE_CENTRE, eps_total * plan.centre_share * boost)
-    bins = [window_bins(lo, hi, CENTRE_BINS) for lo, hi in zip(lowers, uppers)]
+    pad = SMALL_DATA_CENTRE_PAD_BINS if plan.small_data else None
+    bins = [window_bins(lo, hi, CENTRE_BINS, pad) for lo, hi in zip(lowers, uppers)]
     exact = backend.histograms(columns, [w for w, _, _ in bins], [off for _, off, _ in bins], group)
     centre = np.empty(d)
     for j in range(d):
-        centre[j], _ = window_center_from_counts(exact[j], b.epsilon / d, noise, lowers[j], uppers[j], CENTRE_BINS, True)
+        centre[j], _ = window_center_from_counts(exact[j], b.epsilon / d, noise, lowers[j], uppers[j], CENTRE_BINS, True, pad)
     del exact
     params["coarse_center"] = [float(x) for x in centre]
+    if plan.centre_zoom_share > 0:
+        # 2b. zoom: ZOOM_BINS bins over the first centre's bin and one each side (public
+        # function of DP outputs), one histogram per coordinate at epsilon / d
+        b = charge(STAGE_CENTRE_ZOOM, eps_total * plan.centre_zoom_share * boost)
+        coarse_widths = np.array([w for w, _, _ in bins])
+        zoom_width = 3.0 * coarse_widths / ZOOM_BINS
+        zoom_lower = centre - 1.5 * coarse_widths
+        exact = backend.histograms(columns, list(zoom_width), list(zoom_lower), group)
+        zoomed = []
+        for j in range(d):
+            z = zoom_center_from_counts(exact[j], b.epsilon / d, noise, float(zoom_lower[j]), float(zoom_width[j]),
+                                        n_persons_hint=max(r.noisy_total for r in ranges))
+            if z is not None:
+                centre[j] = z
+                zoomed.append(j)
+        del exact
+        params["centre_zoomed_coordinates"] = zoomed
+    params["clipping_center"] = [float(x) for x in centre]
 
     # 3. scales: per coordinate the DP median of |Y_j - c_j| (epsilon / d each); the coordinates
     # that share a joint-norm range (2 or more) share one scale, the DP median of
@@ -539,7 +674,8 @@ def scale_free_multivariate_mean(
 
     def read_scale(counts, eps_hist: float, width: float, k: int, cap: float, coords: list[int]) -> float:
         low = max(width * 2.0**-PROFILE_OCTAVES_BELOW, 1e-300)
-        high = min(max(width * 2.0**PROFILE_OCTAVES_ABOVE * math.sqrt(k), 2.0 * low), 1e300)
+        above = SCALE_OCTAVES_ABOVE if plan.small_data else PROFILE_OCTAVES_ABOVE
+        high = min(max(width * 2.0**above * math.sqrt(k), 2.0 * low), 1e300)
         prof = deviation_profile_from_counts(counts, eps_hist, noise, low, high, HALF_OCTAVE)
         # the overflow bin's noisy count above half the persons AND far above its noise (Laplace
         # scale 1 / eps_hist: a legitimate coordinate's empty overflow bin passes with probability
@@ -553,7 +689,9 @@ def scale_free_multivariate_mean(
         # times it (post-processing of DP outputs; the factor leaves room for mass the range's
         # threshold hid on widely spread coordinates)
         norm_median = MAD_TO_SD if k == 1 else math.sqrt(chi2.median(k))
-        return min(max(_interpolated_median(prof) / norm_median, low), high, max(cap, low))
+        med = _local_median(prof, eps_hist) if plan.small_data else _interpolated_median(prof)
+
+        return min(max(med / norm_median, low), high, max(cap, low))
 
     def cap_of(j: int) -> float:
         return SCALE_CAP * (widths[j] + max(lowers[j] - centre[j], centre[j] - uppers[j], 0.0)) / MAD_TO_SD
@@ -618,6 +756,10 @@ def scale_free_multivariate_mean(
     norm_model = NormModel(radius_model, low, 2.0 * high, reach, n_hat, model)
     capped = radius > reach
     radius = min(radius, reach)
+    if plan.small_data:
+        # the scales are normal-sd equivalents: at least the RADIUS_FLOOR_QUANTILE of a chi_d norm
+        # (an empty profile, all of it under its noise floor on small data, gave a reach of 0.02)
+        radius = min(max(radius, radius_floor(d)), radius_cap(d))
     bias_bound = bar_bias(model, lambda m: m.bias(radius))  # the bar's tail (bar_tail)
     b_final = charge(STAGE_FINAL, eps_final)
     fin = clip_and_noise(backend, columns, centre, radius, scales, group, b_final, noise)

@@ -17,7 +17,7 @@ from dplib.covariance.auto import ALGORITHM as AUTO_ALGORITHM
 from dplib.covariance.auto import AutoCovariancePlan, auto_covariance
 from dplib.covariance.clipped import ALGORITHM as CLIPPED_COV_ALGORITHM
 from dplib.covariance.clipped import ALGORITHM_VERSION as CLIPPED_COV_VERSION
-from dplib.covariance.clipped import ClippedCovariancePlan, clipped_covariance
+from dplib.covariance.clipped import SMALL_DATA_N_EPS, ClippedCovariancePlan, clipped_covariance
 from spark_jobs.kinds.base import Release, RunContext
 from dplib.covariance.params import ALGORITHM_VERSION as BHS_VERSION
 from dplib.groups import derive_salt
@@ -40,11 +40,16 @@ class CovarianceStatistic(BHSStatisticBase):
 def _clipped_needs(p: ClippedCovariancePlan) -> str:
     """The dry run's statement of how many persons the clipped estimator needs at this budget."""
     need = p.mean_plan().joint_range_minimum_persons()
-    return (f"releases from about {need:,} persons at this budget (its joint range's confirmation, with 3/4 of "
-            "the persons in one two-octave bucket of their norms; a release, not necessarily a useful one: "
-            "columns in very different units share a scale on small data); measured at d = 4 and epsilon 0.9: 1.5x the "
-            "matrix-wide error (relative Frobenius; a small-unit column is far worse) of a clamped per-entry mean given the data's own bounds at 1,000 persons, 2x at 700, 3.7x at "
-            "500, mostly noise below")
+    text = (f"releases from about {need:,} persons at this budget (its joint range's confirmation, with 3/4 of "
+            "the persons in one two-octave bucket of their norms; a release, not necessarily a useful one)")
+    if p.small_data:
+        return text + (
+            "; measured at d = 4 and epsilon 0.9 with columns in units 0.1 to 10 (error after putting each column "
+            "in its own standard deviations): 1.6x that of a clamped per-entry mean given the data's own bounds "
+            "at 1,000 persons, 2.3x at 700, 2.8x at 500")
+    return text + ("; without a person count it keeps the large-data layout: below a few thousand persons "
+                   "columns in very different units can share a scale (estimator auto picks the small-data "
+                   "layout from its count)")
 
 
 class CovarianceKind(BHSKind):
@@ -72,10 +77,13 @@ class CovarianceKind(BHSKind):
             need = p.bhs_minimum_persons()
             bhs = (f"BHS23 when the DP lower bound n0 on the person count is at least {need} (its gate at this "
                    "budget)" if need is not None else f"never BHS23 ({p.bhs_unavailable()})")
+            small = p.clipped_plan(0.0)
+            below = int(SMALL_DATA_N_EPS / p.rest_budget.epsilon)
             return (f"  {name}: covariance, d={p.d}, estimator auto: a DP person count "
                     f"({p.count_budget.epsilon:.4g} of epsilon), then {bhs}, else the clipped estimator (the "
                     f"scale-free multivariate mean at {p.clipped_plan().mean_plan().budget.epsilon:.4g} of epsilon, "
-                    f"which {_clipped_needs(p.clipped_plan())}, then Gaussian noise on the "
+                    f"or at {small.mean_plan().budget.epsilon:.4g} with its small-data layout when the count is "
+                    f"below about {below:,} persons, which {_clipped_needs(small)}; then Gaussian noise on the "
                     "clipped second and first moments and the count, with per-entry 90% error bars; the second "
                     "stage is not charged if the first is INSUFFICIENT_DATA)")
         if not isinstance(p, ClippedCovariancePlan):
