@@ -51,7 +51,7 @@ from dplib.aggregates import MIN_OUTER_RADIUS, clipped_sum_l2_sensitivity, outer
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
-from dplib.mean.scale_free_multivariate import (ScaleFreeMultivariatePlan, radius_cap, radius_floor,
+from dplib.mean.scale_free_multivariate import (ScaleFreeMultivariatePlan, clamp_radius,
                                                scale_free_multivariate_mean)
 from dplib.mechanisms import NoiseSource, gaussian_sigma
 from dplib.mechanisms.basic import clamp_exact
@@ -94,7 +94,7 @@ STAGE1_FINAL_SHARE_MAX = 0.10
 #: neither (version 4): 1,000 persons released 1 of 40 runs.
 STAGE1_RANGE_RETRY2_SHARE = 0.0
 #: Small data: when the auto covariance's DP person count times the clipped estimator's epsilon is
-#: below SMALL_DATA_N_EPS (about 1,700 persons at epsilon 0.9), stage 1 takes SMALL_MEAN_SHARE of
+#: below SMALL_DATA_N_EPS (about 3,400 persons at epsilon 0.9), stage 1 takes SMALL_MEAN_SHARE of
 #: epsilon with the SMALL_STAGE1 shares and the multivariate mean's small-data reads (a centre
 #: zoom, a local scale median, a public radius clamp): at d = 4, eps 0.9, with columns in units
 #: 0.1 to 10, 700 / 1,000 persons went from a correlation-scale Frobenius error of 133 / 37
@@ -291,7 +291,7 @@ def second_moment_radius(norm_model, d: int, sigma_unit: float) -> float | None:
 
 def clipping_bound(norm_model, radius: float, offset: float) -> tuple[float, float]:
     """DP bounds ``(b1, b2)`` on ``E[(||x|| - R)+]`` and ``E[(||x||^2 - R^2)+]`` for the scaled
-    deviations ``x`` about stage 2's centre mu, from stage 1's norm model about its coarse centre
+    deviations ``x`` about stage 2's centre mu, from stage 1's norm model about its clipping centre
     (``offset = ||(mu - c) / s||`` apart: ``||x_mu|| <= ||x_c|| + offset``, so with ``t = R - offset``
     ``b1 <= E[(||x_c|| - t)+]`` and ``b2 <= E[(||x_c||^2 - t^2)+] + 2 offset E[(||x_c|| - t)+]``;
     ``t`` floored at 0). Beyond the measured profile the tail takes the point fit of its index (at
@@ -447,7 +447,7 @@ def clipped_covariance(
     if radius is None:
         radius = mean_radius
     if mean_plan.small_data:
-        radius = min(max(radius, radius_floor(d)), radius_cap(d))  # public clamp (as stage 1's on small data)
+        radius = clamp_radius(radius, d)  # public clamp (as stage 1's on small data)
     radius = float(np.clip(np.nan_to_num(radius, nan=1.0, posinf=RADIUS_MAX), MIN_OUTER_RADIUS, RADIUS_MAX))
 
     accountant.charge(second.stage, budget2, second.group)
@@ -466,7 +466,9 @@ def clipped_covariance(
     with np.errstate(over="ignore", invalid="ignore"):
         unprojected = np.nan_to_num(centred * scales[:, None] * scales[None, :], nan=0.0, posinf=1e300, neginf=-1e300)
     cov = _psd(unprojected)
-    offset = float(np.linalg.norm((mu - np.asarray(p1["coarse_center"], float)) / scales))
+    # stage 1's norm model is about its clipping centre (the coarse centre, or the zoom's where it
+    # replaced it)
+    offset = float(np.linalg.norm((mu - np.asarray(p1["clipping_center"], float)) / scales))
     clip_bound = clipping_bound(mean_rel.norm_model, radius, offset)
     error_bar = entry_error_bar(m, shift, cov - unprojected, scales, sigma / denom, w, c, clip_bound)
     eps, delta = composed_cost(accountant.charges[start:])
@@ -476,6 +478,9 @@ def clipped_covariance(
             "scales_used": [float(x) for x in scales],
             "clipping_radius_scaled": radius,
             "clipping_radius_rule": radius_rule,
+            "stage1_clipping_center": [float(x) for x in p1["clipping_center"]],
+            "stage1_centre_zoomed_coordinates": p1.get("centre_zoomed_coordinates", []),
+            "clipping_offset_scaled": offset,
             "stage1_radius_scaled": mean_radius,
             "noisy_person_count": round(n_noisy, 1),
             "second_moment_sigma_scaled": sigma / denom,

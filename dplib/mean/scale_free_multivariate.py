@@ -22,8 +22,9 @@ coordinate ranges 4%    per coordinate, thresholded histogram of signed binary m
 centre 4%               per coordinate, Laplace histogram of 24 bins of width (U_j - L_j)/8 over
                         [L_j - W_j, U_j + W_j], centroid of the argmax bin and its neighbours
 (centre zoom, 0%)       off by default (the clipped covariance's small-data layout turns it on):
-                        per coordinate, Laplace histogram of 24 bins over the centre's bin and
-                        one each side (persons outside not counted, sensitivity 1); the centroid
+                        per coordinate, Laplace histogram of 24 bins over [c_j - 1.5 r_j,
+                        c_j + 1.5 r_j) (r_j the centre's bin width; persons outside not counted,
+                        sensitivity 1); the centroid
                         of its fullest bin +-2 replaces the centre when that bin stands above
                         ln(24 / 0.01) noise scales and the five hold half of the noisy persons
 coordinate scales 5%    per coordinate, Laplace histogram of |Y_j - c_j| on half octaves ->
@@ -175,8 +176,10 @@ JOINT_SCALE_N_EPS = 30.0
 #: from the range) / 0.6745. Without a cap, noise in the scale profile's empty upper bins gave
 #: scales 20-400 times the truth at 1,000 persons (d = 4, eps 0.45).
 SCALE_CAP = 2.0
-#: The centre zoom (off by default; the clipped covariance turns it on): a second per-coordinate
-#: histogram of ZOOM_BINS bins over the first centre's bin and one bin each side. A coordinate
+#: The centre zoom (off by default; the clipped covariance's small-data layout turns it on): a
+#: second per-coordinate histogram of ZOOM_BINS bins over [c - 1.5 r, c + 1.5 r) (c the first
+#: centre, r its bin width), run only where a bin holding ZOOM_MASS of the noisy persons could
+#: pass the acceptance. A coordinate
 #: much narrower than its range (sd 0.1 about 5 in [4, 16]: one first-centre bin of width 1.5
 #: holds all of it) gets its centre to within a zoom bin instead of a first-centre bin; used when
 #: the ZOOM_REFINE bins about the zoom's fullest bin hold at least ZOOM_MASS of the noisy persons
@@ -242,7 +245,7 @@ class ScaleFreeMultivariatePlan:
     range_retry_share: float = RANGE_RETRY_SHARE
     range_retry2_share: float = RANGE_RETRY2_SHARE
     range_joint_share: float = RANGE_JOINT_SHARE
-    #: shares of the centre, scale and norm-profile stages (doubled after a retry)
+    #: shares of the centre, centre zoom, scale and norm-profile stages (doubled after a retry)
     centre_share: float = CENTRE_SHARE
     centre_zoom_share: float = 0.0
     #: the small-data reads (post-processing of the same mechanisms): the centre window padded by
@@ -274,7 +277,7 @@ class ScaleFreeMultivariatePlan:
             raise InvalidParameterError(f"final_share_max ({v!r}) must not exceed what the other stages leave "
                                         f"after retries ({self._final_share_min():.4g})")
         if self._final_share_min() <= 0.0:
-            raise InvalidParameterError("the range, centre, scale and norm shares (the last three doubled after a retry) "
+            raise InvalidParameterError("the range, centre, zoom, scale and norm shares (the last four doubled after a retry) "
                                         "leave no share for the final stage")
         if self.budget.delta <= 0.0:
             raise InvalidParameterError(
@@ -300,7 +303,7 @@ class ScaleFreeMultivariatePlan:
     def charges(self, prefix: str = "") -> list[Charge]:
         """Nominal charges in order (the privacy cost before any data is read).
 
-        The retry is charged only if it runs; the centre, scale and norm stages take their larger
+        The retries and the centre zoom are charged only if they run; the centre, scale and norm stages take their larger
         (listed) shares only after a retry; the final stage is charged what is left, or at most
         ``final_share_max`` when set (then listed at it, and the total can be less than the budget:
         the caller spends the rest). Otherwise the total is the budget.
@@ -367,9 +370,17 @@ def radius_cap(d: int) -> float:
     return RADIUS_CAP_FACTOR * math.sqrt(float(chi2.ppf(RADIUS_CAP_QUANTILE, d)))
 
 
+def clamp_radius(radius: float, d: int) -> float:
+    """``radius`` clamped into the public [radius_floor(d), radius_cap(d)]; NaN -> the floor."""
+    low, high = radius_floor(d), radius_cap(d)
+    return low if not radius >= low else min(radius, high)
+
+
 def zoom_dense(sparse: dict[int, int]) -> np.ndarray:
     """The zoom stage's exact vector: persons per bin 0..ZOOM_BINS-1 of the public zoom grid;
-    persons outside it are not counted (one person changes one entry by one, or none)."""
+    persons outside it are not counted (one person changes one entry by one, or none; values are
+    clamped to the backends' value bound first, as in every histogram, so a grid reaching past it
+    counts the clamped persons in its bin there)."""
     dense = np.zeros(ZOOM_BINS)
     for i, c in sparse.items():
         if 0 <= i < ZOOM_BINS:
@@ -479,7 +490,7 @@ class NormModel:
     extrapolation past the measured profile); ``n_hat``: the noisy person count the radius rule
     used; ``bound_model``: the tail model bias bounds read (with
     :func:`~dplib.mean.scale_free_stages.bar_bias`; differs from ``model`` after a hidden-mass
-    alarm). Norms about ``params["coarse_center"]``, scaled units (coordinate j divided by
+    alarm). Norms about ``params["clipping_center"]``, scaled units (coordinate j divided by
     ``scales_used[j]``)."""
 
     model: object
@@ -640,10 +651,14 @@ def scale_free_multivariate_mean(
         centre[j], _ = window_center_from_counts(exact[j], b.epsilon / d, noise, lowers[j], uppers[j], CENTRE_BINS, True, pad)
     del exact
     params["coarse_center"] = [float(x) for x in centre]
-    if plan.centre_zoom_share > 0:
-        # 2b. zoom: ZOOM_BINS bins over the first centre's bin and one each side (public
-        # function of DP outputs), one histogram per coordinate at epsilon / d
-        b = charge(STAGE_CENTRE_ZOOM, eps_total * plan.centre_zoom_share * boost)
+    n_ranges = max(r.noisy_total for r in ranges)  # DP
+    eps_zoom = eps_total * plan.centre_zoom_share * boost
+    # the zoom runs (and is charged) only where a bin holding ZOOM_MASS of the noisy persons could
+    # pass its acceptance (a DP outcome; below, its share goes to the later stages)
+    if plan.centre_zoom_share > 0 and ZOOM_MASS * n_ranges * eps_zoom / d >= math.log(ZOOM_BINS / ZOOM_BETA):
+        # 2b. zoom: ZOOM_BINS bins over [c - 1.5 r, c + 1.5 r) (public function of DP outputs),
+        # one histogram per coordinate at epsilon / d
+        b = charge(STAGE_CENTRE_ZOOM, eps_zoom)
         coarse_widths = np.array([w for w, _, _ in bins])
         zoom_width = 3.0 * coarse_widths / ZOOM_BINS
         zoom_lower = centre - 1.5 * coarse_widths
@@ -651,7 +666,7 @@ def scale_free_multivariate_mean(
         zoomed = []
         for j in range(d):
             z = zoom_center_from_counts(exact[j], b.epsilon / d, noise, float(zoom_lower[j]), float(zoom_width[j]),
-                                        n_persons_hint=max(r.noisy_total for r in ranges))
+                                        n_persons_hint=n_ranges)
             if z is not None:
                 centre[j] = z
                 zoomed.append(j)
@@ -690,7 +705,6 @@ def scale_free_multivariate_mean(
         # threshold hid on widely spread coordinates)
         norm_median = MAD_TO_SD if k == 1 else math.sqrt(chi2.median(k))
         med = _local_median(prof, eps_hist) if plan.small_data else _interpolated_median(prof)
-
         return min(max(med / norm_median, low), high, max(cap, low))
 
     def cap_of(j: int) -> float:
@@ -711,8 +725,8 @@ def scale_free_multivariate_mean(
     lost = sorted(lost)
     params["scales_used"] = [float(s) for s in scales]
     if lost:
-        # most of a coordinate's persons lie beyond the profile's top, 2^5-2^6 range widths from its
-        # centre: its range came from a noise bucket (a retry's confirmation passes one in about
+        # most of a coordinate's persons lie beyond the profile's top (2^5-2^6 range widths from its
+        # centre; 4 sqrt(k) widths with the small-data reads): its range came from a noise bucket (a retry's confirmation passes one in about
         # 2,000 coordinates), and clipping at its scale would release a confidently wrong value
         params["range_lost_coordinates"] = lost
         eps, delta = composed_cost(accountant.charges[start:])
@@ -757,9 +771,12 @@ def scale_free_multivariate_mean(
     capped = radius > reach
     radius = min(radius, reach)
     if plan.small_data:
-        # the scales are normal-sd equivalents: at least the RADIUS_FLOOR_QUANTILE of a chi_d norm
-        # (an empty profile, all of it under its noise floor on small data, gave a reach of 0.02)
-        radius = min(max(radius, radius_floor(d)), radius_cap(d))
+        # the scales are normal-sd equivalents: the radius within public chi_d quantiles (an empty
+        # profile, all of it under its noise floor on small data, gave a reach of 0.02; one read
+        # as a heavy tail, 24-32); a NaN takes the floor
+        unclamped = radius
+        radius = clamp_radius(radius, d)
+        capped = radius < unclamped
     bias_bound = bar_bias(model, lambda m: m.bias(radius))  # the bar's tail (bar_tail)
     b_final = charge(STAGE_FINAL, eps_final)
     fin = clip_and_noise(backend, columns, centre, radius, scales, group, b_final, noise)

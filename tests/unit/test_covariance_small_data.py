@@ -101,12 +101,15 @@ def test_zoom_centre_is_the_centroid_of_its_fullest_bins():
 
 
 def test_zoom_refuses_noise_and_a_spread_bulk():
-    """An empty grid: the fullest noisy bin stands above ln(24 / 0.01) noise scales in at most
-    ~1% of runs (binomial, 2,000 runs: at most 40); a bulk spread evenly over the grid (its five
+    """An empty grid (no mass requirement): the fullest noisy bin stands above ln(24 / 0.01) noise
+    scales in ~0.5% of runs, two-sided (binomial, 4,000 runs: 5-40); a bulk spread evenly over the grid (its five
     fullest bins hold a fifth of the persons) is refused; a narrow bulk of 300 persons at
     epsilon 0.1 (30 noise scales) is accepted in every run (power)."""
-    empty = sum(zoom_center_from_counts({}, 0.05, SeededNoise(s), 0.0, 1.0, 100.0) is not None for s in range(2000))
-    assert empty <= 40
+    empty = sum(zoom_center_from_counts({}, 0.05, SeededNoise(s), 0.0, 1.0, 0.0) is not None for s in range(4000))
+    # P(max of 24 Laplace > ln(24 / 0.01) scales) = 1 - (1 - 0.01 / 48)^24 ~ 0.005: 20 expected
+    # in 4,000; at half the noise scale (a mutant) the threshold is 2 ln(2400) scales of that
+    # noise and none would pass, at twice it ~ 12% would
+    assert 5 <= empty <= 40
     spread = {i: 50 for i in range(ZOOM_BINS)}
     assert all(zoom_center_from_counts(spread, 10.0, SeededNoise(s), 0.0, 1.0, 1200.0) is None for s in range(50))
     narrow = {11: 200, 12: 100}
@@ -192,16 +195,53 @@ class _Recording:
 def test_zoom_is_charged_before_it_reads_and_reads_the_centre_bins():
     """The zoom's histograms call comes after its charge (the charge list then ends with it) and
     uses bins of 3/24 of the centre's bin width."""
-    y = _mixed_units(1000, 3)
+    y = _mixed_units(3000, 3)  # (at 1,000 persons the zoom cannot pass its acceptance: not run)
     acc = Accountant(Budget(0.9, 1e-6))
     be = _Recording(_backend(y, 3), acc)
     plan = ClippedCovariancePlan(Budget(0.9, 1e-6), 4, small_data=True)
-    rel = clipped_covariance(be, COLS, plan, SeededNoise(3), acc)
+    noise = _RecordingNoise(3, acc)
+    rel = clipped_covariance(be, COLS, plan, noise, acc)
     assert rel.status == "OK"
     (centre_at, centre_widths), (zoom_at, zoom_widths) = be.calls[:2]
-    assert acc.charges[zoom_at - 1].stage == f"mean: {STAGE_CENTRE_ZOOM}"
+    zoom_charge = acc.charges[zoom_at - 1]
+    assert zoom_charge.stage == f"mean: {STAGE_CENTRE_ZOOM}"
     assert acc.charges[centre_at - 1].stage == f"mean: {STAGE_CENTRE}"
     assert np.allclose(zoom_widths, 3.0 * np.array(centre_widths) / ZOOM_BINS)
+    # the zoom's four 24-bin vectors each get Laplace noise of scale d / (the zoom's charged
+    # epsilon): basic composition over the d coordinates (a mutant without the / d, or with twice
+    # the epsilon, gives half the scale)
+    zoom_scales = [scale for size, scale, stage in noise.laplace if stage == zoom_charge.stage]
+    assert all(size == ZOOM_BINS for size, _, stage in noise.laplace if stage == zoom_charge.stage)
+    assert len(zoom_scales) == 4
+    assert np.allclose(zoom_scales, 4.0 / zoom_charge.budget.epsilon)
+    # listed at its share of stage 1, doubled after the range retry that ran here
+    assert zoom_charge.budget.epsilon == pytest.approx(0.9 * SMALL_MEAN_SHARE * 0.03 * 2.0)
+
+
+class _RecordingNoise(SeededNoise):
+    """SeededNoise recording (vector length, Laplace scale, the stage charged last) of each
+    Laplace draw."""
+
+    def __init__(self, seed, accountant):
+        super().__init__(seed)
+        self.laplace, self._acc = [], accountant
+
+    def add_laplace(self, values, scale):
+        self.laplace.append((int(np.size(values)), float(scale), self._acc.charges[-1].stage))
+        return super().add_laplace(values, scale)
+
+
+def test_zoom_is_not_run_where_it_could_not_pass():
+    """At 1,000 persons (d = 4, eps 0.9) a zoom bin would need more persons than there are to
+    stand ln(24 / 0.01) noise scales up: the stage is neither run nor charged (a DP outcome: the
+    ranges' noisy total), and the statistic still composes to its budget."""
+    y = _mixed_units(1000, 3)
+    acc = Accountant(Budget(0.9, 1e-6))
+    rel = clipped_covariance(_backend(y, 3), COLS, ClippedCovariancePlan(Budget(0.9, 1e-6), 4, small_data=True),
+                             SeededNoise(3), acc)
+    assert rel.status == "OK"
+    assert not any(c.stage.endswith(STAGE_CENTRE_ZOOM) for c in acc.charges)
+    assert composed_cost(acc.charges)[0] == pytest.approx(0.9)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -249,3 +289,20 @@ def test_small_layout_gets_every_column_right_where_the_default_layout_did_not()
     assert np.median(corr) < 0.6, corr
     assert np.median(logv) < 1.0, logv
     assert np.median(default_corr) > 5.0, default_corr
+
+
+def test_clipping_bound_is_taken_about_the_zoomed_centre():
+    """Stage 1's norm model is about its clipping centre, the zoom's where it replaced the coarse
+    one: the bar's offset is ||(mu - that centre) / s|| (it read the coarse centre, whose error
+    on the 0.1-unit column is several of its sds: bars 29x the p90 error at 3,000 persons, and
+    an offset that could also come out too small)."""
+    zoomed = 0
+    for s in range(6):
+        y = _mixed_units(3000, 40 + s)  # the zoom needs ~900 persons in one of its bins here
+        rel = _auto(y, 40 + s)
+        assert rel.parameters["small_data_layout"]
+        p = rel.parameters
+        mu, c, sc = (np.array(p[k], float) for k in ("mean", "stage1_clipping_center", "scales_used"))
+        assert p["clipping_offset_scaled"] == pytest.approx(float(np.linalg.norm((mu - c) / sc)))
+        zoomed += bool(p["stage1_centre_zoomed_coordinates"])
+    assert zoomed >= 3  # the zoom moved some centre in most runs (else the check reads nothing)
