@@ -346,11 +346,12 @@ def test_auto_covariance_takes_the_small_data_layout_through_the_job(spark, tmp_
     production noise source: the default ``kind: covariance`` (auto) on 1,000 persons, d = 4,
     sds (1, 10, 0.1, 3) about 5, eps 0.9: its DP count (times epsilon, ~880) is below
     SMALL_DATA_N_EPS, so the clipped estimator runs with the small-data layout (the centre zoom's
-    histograms through Spark), charged in full, a PSD matrix with every entry inside 2 of its 90%
+    histograms through Spark), charged in full, a PSD matrix with every entry inside 3 of its 90%
     bars. Numpy twin of this data and plan with the secure source (build/scratch/cov_small_twin.py,
-    300 runs, 2026-12-05): released and small layout in every run, worst |error| / bar 1.38 (99th
-    percentile 1.24), correlation-scale error median 0.54, worst column's |ln variance ratio|
-    median 0.48."""
+    300 runs, 2026-12-05, stage 2 about stage 1's clipping centre): released and small layout in
+    every run, worst |error| / bar over the 10 entries 1.91 (99th percentile 1.75: the bars are
+    1.2-1.75x the p90 error), correlation-scale error median 0.52, worst column's |ln variance
+    ratio| median 0.49. Seeded coverage: tests/unit/test_covariance_small_data.py."""
     rng = np.random.default_rng(12)
     mu = 5.0 + rng.standard_normal((1_000, 4)) * np.array([1.0, 10.0, 0.1, 3.0])
     cols = ["a", "b", "c", "e"]
@@ -379,4 +380,4 @@ def test_auto_covariance_takes_the_small_data_layout_through_the_job(spark, tmp_
     assert np.allclose(cov, cov.T) and np.all(np.linalg.eigvalsh(cov) >= -1e-9 * np.abs(cov).max())
     exact = np.cov(mu.T, bias=True)
     bar = np.array(row.error_bar).reshape(4, 4)
-    assert np.all(np.abs(cov - exact) <= 2.0 * bar), (cov, exact, bar)
+    assert np.all(np.abs(cov - exact) <= 3.0 * bar), (cov, exact, bar)
