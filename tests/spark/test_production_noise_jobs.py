@@ -270,8 +270,11 @@ def test_pure_dp_mean_beyond_the_exponent_range_stops_before_the_fine_stage_thro
     assert row.epsilon < 0.5 and result.epsilon_spent == pytest.approx(row.epsilon)  # no fine stage charged
     _, row = run({"exponent_range": [75, 95]}, "inside-range")
     # within its own 90% bar's 3x (a fixed 1% failed once in CI: 1.4% off with production noise)
-    # and a bar that is itself tight (under 5% of the mean)
-    assert row.status == "OK" and row.error_bar[0] < 0.05 * float(mu.mean())
+    # and a bar that is itself useful: numpy twin of this data and plan with the secure source
+    # (build/scratch/pure_range_twin.py, 400 runs, 2026-12-05): bar / mean median 0.0016, 95th
+    # percentile 0.0033, above 0.05 in 2 runs (max 0.32: a cold CI run met one at 0.12 against a
+    # former 0.05 bound), |error| / bar at most 2.47
+    assert row.status == "OK" and row.error_bar[0] < 0.5 * float(mu.mean())
     assert abs(row.estimate[0] - float(mu.mean())) <= 3.0 * row.error_bar[0]
 
 
