@@ -45,8 +45,8 @@ def _clipped_needs(p: ClippedCovariancePlan) -> str:
     if p.small_data:
         return text + (
             "; measured at d = 4 and epsilon 0.9 with columns in units 0.1 to 10 (error after putting each column "
-            "in its own standard deviations): 1.6x that of a clamped per-entry mean given the data's own bounds "
-            "at 1,000 persons, 2.3x at 700, 2.8x at 500")
+            "in its own standard deviations): 1.4x that of a clamped per-entry mean given the data's own bounds "
+            "at 1,000-2,000 persons, 1.8x at 700, 2.9x at 500; matrix-wide (relative Frobenius) 0.8-1.1x")
     return text + ("; without a person count it keeps the large-data layout: below a few thousand persons "
                    "columns in very different units can share a scale (estimator auto picks the small-data "
                    "layout from its count)")
