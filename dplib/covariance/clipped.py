@@ -9,13 +9,15 @@ scaled deviations.
  #    stage                     budget              mechanism
 ====  =======================  ==================  ============================================
  1    mean                      at most (MEAN_SHARE the scale-free multivariate mean
-                                 eps, delta/2; 0.5)  (:func:`dplib.mean.scale_free_multivariate
-                                                     .scale_free_multivariate_mean`, its centre,
-                                                     scale and norm stages at STAGE1_*_SHARE,
+                                 eps, delta/2; 0.5;  (:func:`dplib.mean.scale_free_multivariate
+                                 small data: SMALL_  .scale_free_multivariate_mean`, its centre,
+                                 MEAN_SHARE, 0.65)   scale and norm stages at STAGE1_*_SHARE,
                                                      joint-norm range retry for its second, its final stage
-                                                     at most STAGE1_FINAL_SHARE_MAX): DP mean mu,
-                                                     coordinate scales s, l2 radius R (scaled
-                                                     units), noisy person count n~
+                                                     at most STAGE1_FINAL_SHARE_MAX; small data:
+                                                     SMALL_STAGE1 with a centre zoom and the
+                                                     small-data reads): DP mean mu (small data:
+                                                     its clipping centre), coordinate scales s,
+                                                     l2 radius R (scaled units), noisy count n~
  2    second moment             what stage 1 left   Gaussian on (sum_i vech(u_i u_i^T), c sum_i
                                  (eps2, delta2)      u_i, w n), u_i the deviation (Y_i - mu) / s
                                                      clipped to the l2 ball of radius R' (fixed
@@ -109,7 +111,7 @@ SMALL_MEAN_SHARE = 0.65
 #: Measured (numpy, 40 seeds, d = 4, eps 0.9): about the mean with 0.10, bars 5-6x the p90 error
 #: at 500-1,500 persons (43x on 800 nlswork persons: the noisy mean sat 1-3 scaled units from the
 #: centre the norm model is about, and the bound pays that offset); about the centre with 0.02,
-#: 1.2-1.75x (27x), the error the same or lower (correlation-scale 1,000 persons 0.34 -> 0.36,
+#: 1.2-1.75x (27x; another 800 nlswork persons than the benchmark's), the error the same or lower (correlation-scale 1,000 persons 0.34 -> 0.36,
 #: 3,000 0.109 -> 0.101, wagepan 0.79 -> 0.75).
 SMALL_FINAL_SHARE_MAX = 0.02
 SMALL_STAGE1 = {"range_share": 0.02, "range_retry_share": 0.25, "range_joint_share": 0.08, "centre_share": 0.07,
@@ -390,8 +392,8 @@ def clipped_covariance(
 
     Privacy
     -------
-    Add/remove one person. Stage 1 is at most (eps MEAN_SHARE, delta/2)-DP (the multivariate mean's own
-    guarantee). Stage 2: one person's fixed-point ``vech(u u^T)`` has l2 norm at most
+    Add/remove one person. Stage 1 is at most (eps MEAN_SHARE, delta/2)-DP (SMALL_MEAN_SHARE with the
+    small-data layout; the multivariate mean's own guarantee). Stage 2: one person's fixed-point ``vech(u u^T)`` has l2 norm at most
     ``||u||^2 <= R^2`` (``||vech(A)||_2 <= ||A||_F`` and ``||u u^T||_F = ||u||^2``) plus rounding
     (:func:`dplib.aggregates.outer_sum_l2_sensitivity`), its weighted first moment ``c u`` at most
     ``c R`` plus rounding (:func:`dplib.aggregates.clipped_sum_l2_sensitivity`), and its count entry
@@ -446,9 +448,10 @@ def clipped_covariance(
     src = p1["clipping_center"] if mean_plan.small_data else mean_rel.estimate
     mu = np.clip(np.nan_to_num(np.asarray(src, float), nan=0.0), -1e300, 1e300)
     # ... and into stage 1's centre windows [L_j - W_j, U_j + W_j] (its DP ranges, W_j = U_j - L_j):
-    # on small data the mean's final stage (a tenth of stage 1) can land far outside them (seen on
-    # a 545-person panel: -125,603 against a range of +-4,096), and clipping about such a centre
-    # flattens every person onto the ball's surface
+    # with the large layout the mean's final stage (a tenth of stage 1) can land far outside them
+    # on small data (seen on a 545-person panel: -125,603 against a range of +-4,096), and clipping
+    # about such a centre flattens every person onto the ball's surface (the clipping centre lies
+    # within 0.25 W_j of its range: the clamp never moves it)
     windows = np.asarray(p1["coordinate_ranges"], float)
     widths = windows[:, 1] - windows[:, 0]
     mu = np.clip(mu, windows[:, 0] - widths, windows[:, 1] + widths)

@@ -21,7 +21,9 @@ coordinate ranges 4%    per coordinate, thresholded histogram of signed binary m
                         DP) on the same buckets and confirmation -> [-U, U] for each of them
 centre 4%               per coordinate, Laplace histogram of 24 bins of width (U_j - L_j)/8 over
                         [L_j - W_j, U_j + W_j], centroid of the argmax bin and its neighbours
-(centre zoom, 0%)       off by default (the clipped covariance's small-data layout turns it on):
+(centre zoom, 0%)       off by default (the clipped covariance's small-data layout turns it on;
+                        run only where 0.5 n~ eps_zoom / d >= ln(24 / 0.01): at d = 4 from ~1,800
+                        noisy persons after a retry, at d >= 8 never below that layout's gate):
                         per coordinate, Laplace histogram of 24 bins over [c_j - 1.5 r_j,
                         c_j + 1.5 r_j) (r_j the centre's bin width; persons outside not counted,
                         sensitivity 1); the centroid
