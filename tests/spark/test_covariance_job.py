@@ -297,6 +297,31 @@ def test_clipped_covariance_through_the_job_with_production_noise(spark, records
         make_config(path, tmp_path, [{**stats[0], "kind": "mean_affine"}])
 
 
+def _mixed_units_job(tmp_path, job_name: str, options: dict | None):
+    """1,000 persons (two records each), d = 4, person-mean sds (1, 10, 0.1, 3) about 5; a job of
+    one ``kind: covariance`` at eps 0.9 with ``options`` (None: the default). Returns (person
+    means, config)."""
+    rng = np.random.default_rng(12)
+    mu = 5.0 + rng.standard_normal((1_000, 4)) * np.array([1.0, 10.0, 0.1, 3.0])
+    cols = ["a", "b", "c", "e"]
+    pdf = pd.DataFrame(np.repeat(mu, 2, axis=0), columns=cols)
+    pdf.insert(0, "pid", np.repeat([f"p{i}" for i in range(1_000)], 2))
+    path = tmp_path / "small.parquet"
+    pdf.to_parquet(path, index=False)
+    stat = {"name": "cov", "kind": "covariance", "columns": cols, "share": 1.0}
+    if options is not None:
+        stat["options"] = options
+    return mu, parse_config({
+        "job_name": job_name,
+        "input": {"path": str(path), "format": "parquet"},
+        "privacy_unit": {"column": "pid"},
+        "budget": {"epsilon": 0.9, "delta": 1e-6},
+        "statistics": [stat],
+        "output": {"path": str(tmp_path / "out")},
+        "ledger": {"enabled": False},
+    })
+
+
 def test_clipped_covariance_at_a_thousand_persons_through_the_joint_range_retry(spark, tmp_path):
     """Issue 19 (covariance at small data) with the production noise source: 1,000 persons, d = 4,
     coordinate sds (1, 10, 0.1, 3) about 5, eps 0.9. Stage 1's per-coordinate range runs miss
@@ -307,23 +332,7 @@ def test_clipped_covariance_at_a_thousand_persons_through_the_joint_range_retry(
     joint retry in every run, worst |error| / bar 0.58, median relative Frobenius error 0.18
     (seeded, 3,000 runs before the shared scale: two stopped by the lost-range rule, worst 1.98
     bars)."""
-    rng = np.random.default_rng(12)
-    mu = 5.0 + rng.standard_normal((1_000, 4)) * np.array([1.0, 10.0, 0.1, 3.0])
-    cols = ["a", "b", "c", "e"]
-    pdf = pd.DataFrame(np.repeat(mu, 2, axis=0), columns=cols)
-    pdf.insert(0, "pid", np.repeat([f"p{i}" for i in range(1_000)], 2))
-    path = tmp_path / "small.parquet"
-    pdf.to_parquet(path, index=False)
-    cfg = parse_config({
-        "job_name": "cov-joint",
-        "input": {"path": str(path), "format": "parquet"},
-        "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 0.9, "delta": 1e-6},
-        "statistics": [{"name": "cov", "kind": "covariance", "columns": cols, "share": 1.0,
-                        "options": {"estimator": "clipped"}}],
-        "output": {"path": str(tmp_path / "out")},
-        "ledger": {"enabled": False},
-    })
+    mu, cfg = _mixed_units_job(tmp_path, "cov-joint", {"estimator": "clipped"})
     assert "releases from about 342 persons at this budget" in plan_job(cfg).render()
     result = run_job(cfg, spark=spark)
     (row,) = result.rows
@@ -352,22 +361,7 @@ def test_auto_covariance_takes_the_small_data_layout_through_the_job(spark, tmp_
     every run, worst |error| / bar over the 10 entries 1.91 (99th percentile 1.75: the bars are
     1.2-1.75x the p90 error), correlation-scale error median 0.52, worst column's |ln variance
     ratio| median 0.49. Seeded coverage: tests/unit/test_covariance_small_data.py."""
-    rng = np.random.default_rng(12)
-    mu = 5.0 + rng.standard_normal((1_000, 4)) * np.array([1.0, 10.0, 0.1, 3.0])
-    cols = ["a", "b", "c", "e"]
-    pdf = pd.DataFrame(np.repeat(mu, 2, axis=0), columns=cols)
-    pdf.insert(0, "pid", np.repeat([f"p{i}" for i in range(1_000)], 2))
-    path = tmp_path / "small.parquet"
-    pdf.to_parquet(path, index=False)
-    cfg = parse_config({
-        "job_name": "cov-small",
-        "input": {"path": str(path), "format": "parquet"},
-        "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 0.9, "delta": 1e-6},
-        "statistics": [{"name": "cov", "kind": "covariance", "columns": cols, "share": 1.0}],
-        "output": {"path": str(tmp_path / "out")},
-        "ledger": {"enabled": False},
-    })
+    mu, cfg = _mixed_units_job(tmp_path, "cov-small", None)
     result = run_job(cfg, spark=spark)
     (row,) = result.rows
     params = json.loads(row.parameters)
