@@ -22,7 +22,6 @@ from dplib.covariance.kernels import (
     sq_distances,
     whiten_rows,
 )
-from dplib.groups import new_salt
 
 
 def _wide(rng, n, e):
@@ -115,7 +114,10 @@ def test_numpy_backend_independent_of_batch_size(monkeypatch, batches):
     rng = np.random.default_rng(6)
     x = rng.standard_normal((300, 2))
     x[:2] += 40.0
-    salt = new_salt()
+    # a fixed salt: the removal check below depends on the salted order (with fresh salts the
+    # score was 0 in 2 of 300 runs under NumPy 2: a cold CI's np2 step met one); this salt gives
+    # 2 under NumPy 1.26 and 2.4
+    salt = "5a" * 32
     k, lam0 = 4, 25.0  # small constants (no gate): only the arithmetic is under test
     thr = tuple(lam0 / (1 - ell / (10 * k)) for ell in range(2 * k + 1))
     Lam = tuple(lam0 * (1.02) ** ell for ell in range(2 * k + 1))
