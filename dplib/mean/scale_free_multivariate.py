@@ -416,7 +416,6 @@ def _local_median(profile, epsilon: float) -> float:
     underflow bin). Post-processing only."""
     released = np.asarray(profile.raw_weights, dtype=float)
     raw = np.clip(released, 0.0, None)
-    edges = profile.edges
     nb = len(raw)
     # the fullest bin among the inner ones (an atom of persons at the centre fills the underflow
     # bin: discrete columns such as years of education); the underflow bin always counts
@@ -426,26 +425,14 @@ def _local_median(profile, epsilon: float) -> float:
     lo_i, hi_i = max(peak - SCALE_LOCAL_BINS, 0), min(peak + SCALE_LOCAL_BINS, nb - 1)
     w[lo_i:hi_i + 1] = raw[lo_i:hi_i + 1]
     w[0] = raw[0]
-    total = float(w.sum())
-    if total <= 0:
-        return float(edges[-2])
-    cdf = np.cumsum(w) / total
-    i = int(np.searchsorted(cdf, 0.5, side="left"))
-    if i >= nb - 1:  # in the overflow bin
-        return 2.0 * float(edges[-2])
-    below = float(cdf[i - 1]) if i > 0 else 0.0
-    frac = min(max((0.5 - below) / max(float(cdf[i]) - below, 1e-12), 0.0), 1.0)
-    lo, hi = float(edges[i]), float(edges[i + 1])
-    if lo <= 0:
-        return hi * frac
-    return lo * (hi / lo) ** frac
+    return _interpolated_median(profile, w)
 
 
-def _interpolated_median(profile) -> float:
-    """Median of ``|Y - c|`` from a deviation profile: the noisy CDF (raw counts, made
-    non-decreasing) interpolated geometrically inside the bin where it crosses 1/2 (linearly in
-    the underflow bin). Post-processing only."""
-    raw = np.asarray(profile.raw_weights, dtype=float)
+def _interpolated_median(profile, weights: np.ndarray | None = None) -> float:
+    """Median of ``|Y - c|`` from a deviation profile: the noisy CDF (raw counts, or ``weights``
+    per bin, made non-decreasing) interpolated geometrically inside the bin where it crosses 1/2
+    (linearly in the underflow bin). Post-processing only."""
+    raw = np.asarray(profile.raw_weights if weights is None else weights, dtype=float)
     total = float(np.sum(raw))
     edges = profile.edges
     if total <= 0:
@@ -653,11 +640,11 @@ def scale_free_multivariate_mean(
         centre[j], _ = window_center_from_counts(exact[j], b.epsilon / d, noise, lowers[j], uppers[j], CENTRE_BINS, True, pad)
     del exact
     params["coarse_center"] = [float(x) for x in centre]
-    n_ranges = max(r.noisy_total for r in ranges)  # DP
+    n_persons = max(r.noisy_total for r in ranges)  # DP
     eps_zoom = eps_total * plan.centre_zoom_share * boost
     # the zoom runs (and is charged) only where a bin holding ZOOM_MASS of the noisy persons could
     # pass its acceptance (a DP outcome; below, its share goes to the later stages)
-    if plan.centre_zoom_share > 0 and ZOOM_MASS * n_ranges * eps_zoom / d >= math.log(ZOOM_BINS / ZOOM_BETA):
+    if plan.centre_zoom_share > 0 and ZOOM_MASS * n_persons * eps_zoom / d >= math.log(ZOOM_BINS / ZOOM_BETA):
         # 2b. zoom: ZOOM_BINS bins over [c - 1.5 r, c + 1.5 r) (public function of DP outputs),
         # one histogram per coordinate at epsilon / d
         b = charge(STAGE_CENTRE_ZOOM, eps_zoom)
@@ -668,7 +655,7 @@ def scale_free_multivariate_mean(
         zoomed = []
         for j in range(d):
             z = zoom_center_from_counts(exact[j], b.epsilon / d, noise, float(zoom_lower[j]), float(zoom_width[j]),
-                                        n_persons_hint=n_ranges)
+                                        n_persons_hint=n_persons)
             if z is not None:
                 centre[j] = z
                 zoomed.append(j)
@@ -681,7 +668,6 @@ def scale_free_multivariate_mean(
     # ||Y_J - c_J|| / sqrt(chi2_k median), from one histogram at epsilon k / d (one bin per person:
     # the same total, k times the epsilon of each coordinate's own)
     b = charge(STAGE_SCALES, eps_total * plan.scales_share * boost)
-    n_persons = max(r.noisy_total for r in ranges)  # DP
     joint = list(params.get("range_joint_coordinates", []))
     # (a DP outcome: the noisy person count times a coordinate's own scale epsilon)
     joint = joint if len(joint) >= 2 and n_persons * b.epsilon / d < JOINT_SCALE_N_EPS else []
