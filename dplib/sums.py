@@ -59,7 +59,7 @@ from dplib.mechanisms import NoiseSource, clamp_exact, inflate, laplace_mechanis
 from dplib.seam import Aggregates
 
 ALGORITHM = "scale-free-clipped-sum"
-ALGORITHM_VERSION = "4"  # 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
+ALGORITHM_VERSION = "5"  # 5: the shared stages retry a range of only the zero bucket (scale-free mean version 8); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 STAGE_SUM = "clipped sum"
 #: Early stages: the mean's range, centre and profile shares, no tail balance (its light-tail cap on
 #: the radius suits a mean, whose clipped excesses offset, not a sum of many persons: 12% larger

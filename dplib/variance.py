@@ -62,7 +62,7 @@ from dplib.seam import Aggregates
 
 ALGORITHM = "scale-free-clipped-variance"
 STDDEV_ALGORITHM = "scale-free-clipped-variance/stddev"
-ALGORITHM_VERSION = "4"  # 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
+ALGORITHM_VERSION = "5"  # 5: the shared stages retry a range of only the zero bucket (scale-free mean version 8); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 STAGE_MOMENTS = "clipped moments"
 #: Early stages: the mean's range and centre shares, a larger profile (the radius and the bias
 #: bound rest on it) and no tail balance. Tuned on benchmarks/sum_variance_anchors.py.

@@ -118,6 +118,9 @@ class MagnitudeRange:
     lower: float
     upper: float
     noisy_total: float
+    #: True when the window is the zero bucket alone and no other bucket carries noisy mass:
+    #: persons away from 0, if any, were too few for this run to see (a DP outcome).
+    zero_atom: bool = False
 
 
 def _keep_confident_runs(keys: list[int], weights: list[float], noisy, strict: float) -> list[float]:
@@ -304,7 +307,25 @@ def magnitude_range_from_counts(
             grow = 2.0 ** (octaves - 1)  # the bucket spans `octaves` octaves from its first
             intervals.append((lo, hi * grow) if k > 0 else (lo * grow, hi))
     lower, upper = smallest_window(intervals, weights, q)
-    return MagnitudeRange(lower, upper, float(sum(max(w, 0.0) for w in weights)))
+    lower, upper = _beyond_zero_atom(keys, intervals, weights, q, lower, upper)
+    zero_atom = 0 in keys and (lower, upper) == intervals[keys.index(0)]
+    return MagnitudeRange(lower, upper, float(sum(max(w, 0.0) for w in weights)), zero_atom)
+
+
+def _beyond_zero_atom(keys, intervals, weights, q: float, lower: float, upper: float) -> tuple[float, float]:
+    """When the window is the zero bucket alone (an atom: a fraction ``q`` of the noisy mass is
+    exactly 0, e.g. a count that is 0 for most persons) and other buckets carry noisy mass, the
+    window is widened to also hold ``q`` of that other mass: a width of ~1e-12 made every later
+    stage read the other persons as far outliers (a county's executions, 94% zeros: its variance
+    released as 1e-25 of the exact). Post-processing of the noisy weights; ranges with any
+    non-zero bucket in them are unchanged."""
+    if 0 not in keys or (lower, upper) != intervals[keys.index(0)]:
+        return lower, upper
+    other = [i for i, k in enumerate(keys) if k != 0 and weights[i] > 0]
+    if not other:
+        return lower, upper
+    lo, hi = smallest_window([intervals[i] for i in other], [weights[i] for i in other], q)
+    return min(lower, lo), max(upper, hi)
 
 
 def window_center(

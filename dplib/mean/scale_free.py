@@ -22,7 +22,8 @@ scale s, the range R) replaced by private estimates (:mod:`dplib.mean.ranges`). 
                               0.44 after retry)
 ====  =====================  ==========================  =======================================
 
-Stage 1 runs a second time, with a larger share, only when its first run released no bucket (a DP
+Stage 1 runs a second time, with a larger share, only when its first run released no bucket, or
+only the zero bucket (a DP
 outcome: too few persons for the small share; "small data": then the centre window is the range
 and one bin each side, the profile has octave bins, the radius comes from the point fit of the tail
 capped at ``SMALL_REACH`` times the reach, and a fit that cannot confirm a light tail sets the flag); stage 3b runs only when the tail fitted to stage 3
@@ -126,7 +127,7 @@ __all__ = [
 ]
 
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
-ALGORITHM_VERSION = "7"  # 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
+ALGORITHM_VERSION = "8"  # 8: a first range of only the zero bucket (a zero-inflated column) runs the retry, and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
 STAGE_FINE = "fine clip-and-noise"
 STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_CENTRE, STAGE_PROFILE, STAGE_BALANCE, STAGE_FINE)
 #: The radius never exceeds this multiple of how far the profile measures (:func:`measured_reach`).

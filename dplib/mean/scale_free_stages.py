@@ -469,13 +469,18 @@ def scale_free_stages(
             backend, column, group, b.epsilon, b.delta, noise, plan.range_quantile, plan.exponent_range,
             plan.range_octaves,
         )
-        retried = rng_out is None
+        # the retry also runs when the first run saw only persons at exactly 0 (a zero-inflated
+        # column: the others, if any, too few for its share; a DP outcome)
+        retried = rng_out is None or rng_out.zero_atom
     if retried and not shared:
         b = charge(STAGE_RANGE_RETRY)
+        first = rng_out
         rng_out = magnitude_range(
             backend, column, group, b.epsilon, b.delta, noise, plan.range_quantile, plan.exponent_range,
             plan.range_octaves,
         )
+        if rng_out is None:  # the first run's zero bucket, if it released one
+            rng_out = first
     if rng_out is None:
         params["range_retried"] = retried
         return None

@@ -194,6 +194,20 @@ def test_production_noise_job(spark, records, tmp_path, job):
             assert row.estimate is None and "n0" in json.loads(row.parameters), name
 
 
+def _one_statistic_config(job_name, path, name, kind, columns, out):
+    """A job of one statistic (the whole budget: epsilon 1, delta 1e-6) on a Parquet file keyed by
+    ``pid``, no ledger."""
+    return parse_config({
+        "job_name": job_name,
+        "input": {"path": str(path), "format": "parquet"},
+        "privacy_unit": {"column": "pid"},
+        "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "statistics": [{"name": name, "kind": kind, "columns": list(columns), "share": 1.0}],
+        "output": {"path": str(out)},
+        "ledger": {"enabled": False},
+    })
+
+
 def test_multivariate_mean_second_range_retry_through_the_job(spark, tmp_path):
     """The multivariate mean's second range retry (issue 18: small data, one coordinate spread
     over many octaves) through a job with the production noise source. 1,000 persons, d = 4,
@@ -210,15 +224,7 @@ def test_multivariate_mean_second_range_retry_through_the_job(spark, tmp_path):
     pdf.insert(0, "pid", np.repeat([f"p{i}" for i in range(1_000)], 2))
     path = tmp_path / "small.parquet"
     pdf.to_parquet(path, index=False)
-    cfg = parse_config({
-        "job_name": "production-retry2",
-        "input": {"path": str(path), "format": "parquet"},
-        "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 1.0, "delta": 1e-6},
-        "statistics": [{"name": "mv", "kind": "multivariate_mean", "columns": ["a", "b", "c", "e"], "share": 1.0}],
-        "output": {"path": str(tmp_path / "out")},
-        "ledger": {"enabled": False},
-    })
+    cfg = _one_statistic_config("production-retry2", path, "mv", "multivariate_mean", ["a", "b", "c", "e"], tmp_path / "out")
     result = run_job(cfg, spark=spark)
     (row,) = result.rows
     params = json.loads(row.parameters)
@@ -322,3 +328,29 @@ def test_small_data_path_through_the_job(spark, tmp_path):
     assert abs(est - means.mean()) <= tol
     assert abs(rows["s"].estimate[0] - v.sum()) <= 0.25 * v.sum()
     assert 0.0 <= rows["var"].estimate[0] <= 3.0 * means.var()
+
+
+def test_zero_inflated_mean_retries_its_range_through_the_job(spark, tmp_path):
+    """A zero-inflated column (4,000 persons x 2 records; 92% of persons all zeros, the rest
+    Gamma(3, 5)) through a job with the production noise source: the first range run releases
+    only the zero bucket, so the retry runs (its window then reaches the other persons' buckets,
+    up to at least 16) and the mean is released near the exact one. Before the retry on a zero
+    atom the release was ~0 (100% off, flagged). Tolerance from the numpy twin of this data (200
+    seeded runs, 2026-12-05): median relative error 1.8%, worst 25%, every run within 5 of its
+    bars or (1 run without a bar) within 30%; the window widened in 200 of 200."""
+    rng = np.random.default_rng(21)
+    n = 4_000
+    mu = np.where(rng.random(n) < 0.92, 0.0, rng.gamma(3.0, 5.0, n))
+    pdf = pd.DataFrame({"pid": np.repeat([f"z{i}" for i in range(n)], 2), "v": np.repeat(mu, 2)})
+    path = tmp_path / "zeros.parquet"
+    pdf.to_parquet(path, index=False)
+    cfg = _one_statistic_config("zero-inflated", path, "m", "mean", ["v"], tmp_path / "zeros-out")
+    result = run_job(cfg, spark=spark)
+    (row,) = result.rows
+    assert row.noise_source == SecureNoise.name
+    assert row.status == "OK", row.error_covers
+    params = json.loads(row.parameters)
+    assert params["range_retried"] is True and params["range_upper"] >= 16.0
+    assert result.epsilon_spent <= 1.0 * (1 + 1e-12)
+    tol = 0.3 * float(mu.mean()) if row.error_bar is None else 5.0 * row.error_bar[0]
+    assert abs(row.estimate[0] - float(mu.mean())) <= tol

@@ -760,3 +760,40 @@ def test_pure_bucket_count_is_what_the_pure_path_noises(monkeypatch):
         rg.magnitude_range_from_counts({}, 1.0, 0.0, SeededNoise(0), 0.9, er, oct_)
         assert seen[-1] == rg.pure_bucket_count(er, oct_)
     assert rg.pure_bucket_count((-40, 60), 2) == 103
+
+
+# ------------------------------------------------------------------------------------------------
+# a zero atom: the window beyond the zero bucket
+# ------------------------------------------------------------------------------------------------
+
+from dplib.mean.ranges import _key, magnitude_range_from_counts  # noqa: E402
+
+
+@pytest.mark.parametrize("delta", [1e-6, 0.0])
+def test_zero_atom_window_widens_to_the_other_persons(delta):
+    """1,200 persons at exactly 0 and 70 in [4, 8), 60 in [8, 16) (noise-free limit): the 0.9 window
+    is the zero bucket alone; it is widened to hold 0.9 of the other mass, [4, 16) (the
+    smallest run of the non-zero buckets holding 0.9 x 130), joined with the zero bucket."""
+    exact = {0: 1200, _key(2, 1): 70, _key(3, 1): 60}
+    r = magnitude_range_from_counts(exact, HUGE_EPS, delta, SeededNoise(0), 0.9)
+    zero_hi = r.lower * -1.0
+    assert zero_hi < 1e-11
+    assert r.upper == 16.0
+    assert r.zero_atom is False
+
+
+@pytest.mark.parametrize("delta", [1e-6, 0.0])
+def test_zero_atom_alone_is_reported(delta):
+    """Everyone at 0: the zero bucket, flagged as an atom (the estimators' retry reads it)."""
+    r = magnitude_range_from_counts({0: 1000}, HUGE_EPS, delta, SeededNoise(0), 0.9)
+    assert r.upper == -r.lower and r.upper < 1e-11
+    assert r.zero_atom is True
+
+
+def test_window_with_a_nonzero_bucket_is_unchanged_by_the_atom_rule():
+    """The zero bucket holds less than q: the window already spans non-zero buckets; the rule does
+    not touch it (the same window as smallest_window over every bucket)."""
+    exact = {0: 500, _key(2, 1): 400, _key(3, 1): 100}
+    r = magnitude_range_from_counts(exact, HUGE_EPS, 1e-6, SeededNoise(0), 0.9)
+    assert r.upper == 8.0 and r.lower < 0 < -r.lower < 1e-11
+    assert r.zero_atom is False

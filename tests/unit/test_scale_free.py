@@ -584,3 +584,62 @@ def test_pure_dp_means_beyond_the_exponent_range_stop_before_the_fine_stage(scal
         assert STAGE_FINE not in stages and rel.estimate is None and rel.error_bar is None
         assert "options.exponent_range" in rel.error_covers and rel.parameters["profile_overflow_share"] > 0.5
         assert rel.epsilon == pytest.approx(sum(c.budget.epsilon for c in acc.charges)) and rel.epsilon < 0.5
+
+
+# ------------------------------------------------------------------------------------------------
+# zero-inflated columns: a first range of only the zero bucket runs the retry
+# ------------------------------------------------------------------------------------------------
+
+
+def _zero_inflated_backend(seed: int, n: int = 3000, zeros: float = 0.93):
+    rng = np.random.default_rng([seed, 3])
+    y = np.where(rng.random(n) < zeros, 0.0, rng.gamma(3.0, 5.0, n))
+    return NumpyAggregates({"v": y}, rng.integers(0, 2**32, size=n)), y
+
+
+def test_zero_inflated_column_retries_its_range_and_estimates_the_mean():
+    """3,000 persons, 93% at exactly 0, the rest Gamma(3, 5) (mean ~1.05): the first range run
+    (epsilon 0.04) releases only the zero bucket (the ~210 others are spread over 3 octaves, below
+    its threshold of ~346), which made the mean's window ~1e-308 wide and its release 0 (100%
+    error). The retry (charged as a retry) releases their buckets; 20 seeded runs: every bar
+    covers (about 1 run in 4 has none: the atom makes the profile's tail fit heavier than x^-1,
+    flagged), median relative error < 5% (measured 2.3% over 30 seeds)."""
+    errs = []
+    for seed in range(20):
+        backend, y = _zero_inflated_backend(seed)
+        acc = Accountant(DEFAULT_BUDGET)
+        rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(seed), acc)
+        assert rel.status == STATUS_OK
+        assert [c.stage for c in acc.charges][:2] == [STAGE_RANGE, STAGE_RANGE_RETRY]
+        assert rel.parameters["range_upper"] >= 16.0
+        err = abs(rel.estimate - y.mean())
+        if rel.error_bar is None:  # a tail fit heavier than x^-1 about the atom: flagged, no bar
+            assert rel.parameters["tail_flag"] is True
+        else:
+            assert err <= rel.error_bar
+        errs.append(err / y.mean())
+    assert np.median(errs) < 0.05
+
+
+def test_retry_that_releases_nothing_keeps_the_first_runs_zero_bucket(monkeypatch):
+    """The first run released the zero bucket alone, the retry nothing: the first run's range (a DP
+    output) stands; everyone at 0 releases ~0, charged for both runs."""
+    import dplib.mean.scale_free_stages as stages
+
+    real = stages.magnitude_range
+    calls = []
+
+    def fake(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs) if len(calls) == 1 else None
+
+    monkeypatch.setattr(stages, "magnitude_range", fake)
+    rng = np.random.default_rng(1)
+    backend = NumpyAggregates({"v": np.zeros(3000)}, rng.integers(0, 2**32, size=3000))
+    acc = Accountant(DEFAULT_BUDGET)
+    rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(2), acc)
+    assert len(calls) == 2
+    assert rel.status == STATUS_OK
+    assert [c.stage for c in acc.charges][:2] == [STAGE_RANGE, STAGE_RANGE_RETRY]
+    assert abs(rel.estimate) <= rel.error_bar
+    assert rel.parameters["range_upper"] < 1e-300
