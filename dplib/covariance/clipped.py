@@ -60,7 +60,7 @@ from dplib.mechanisms.basic import clamp_exact
 from dplib.seam import Aggregates
 
 ALGORITHM = "clipped-covariance/scale-free (CoinPress-style)"
-ALGORITHM_VERSION = "6"  # 6: the small-data layout (from the auto covariance's DP count: SMALL_MEAN_SHARE, SMALL_STAGE1, the multivariate mean's zoom, local scale median and radius clamp); 5: stage 1 (the multivariate mean, version 6) falls back to a joint-norm range instead of a second per-coordinate retry; 4: its stage 1 (the multivariate mean, version 5) retries its ranges with pure-DP buckets
+ALGORITHM_VERSION = "7"  # 7: stage 1 (the multivariate mean, version 7) retries a coordinate whose first range is the zero bucket alone; 6: the small-data layout (from the auto covariance's DP count: SMALL_MEAN_SHARE, SMALL_STAGE1, the multivariate mean's zoom, local scale median and radius clamp); 5: stage 1 (the multivariate mean, version 6) falls back to a joint-norm range instead of a second per-coordinate retry; 4: its stage 1 (the multivariate mean, version 5) retries its ranges with pure-DP buckets
 STAGE_MEAN = "mean: "
 STAGE_SECOND = "second moment"
 #: Epsilon share of stage 1, and the shares of its centre, scale and norm-profile stages (of stage

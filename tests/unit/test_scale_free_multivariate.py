@@ -723,3 +723,53 @@ def test_joint_range_coordinates_share_one_scale_from_one_norm_histogram(monkeyp
     monkeypatch.setattr(mv, "JOINT_SCALE_N_EPS", 0.0)
     off = scale_free_multivariate_mean(_backend(y), _cols(4), plan, SeededNoise(5)).parameters
     assert "joint_scale_coordinates" not in off and len(set(off["scales_used"])) == 4
+
+
+# ------------------------------------------------------------------------------------------------
+# a zero-inflated coordinate: a first range of only the zero bucket retries
+# ------------------------------------------------------------------------------------------------
+
+
+def _zero_inflated(n: int, seed: int) -> np.ndarray:
+    r = np.random.default_rng([seed, 5])
+    return np.column_stack([
+        r.normal(5, 1, n), np.where(r.random(n) < 0.93, 0.0, r.gamma(3.0, 5.0, n)), r.normal(-3, 2, n),
+    ])
+
+
+def test_zero_inflated_coordinate_retries_its_range():
+    """20,000 persons, coordinate 1 exactly 0 for 93% of them (the rest Gamma(3, 5)): its first
+    range run releases only the zero bucket (the others sit below the per-coordinate threshold),
+    which made its window ~1e-12 wide and its released mean 0 (100% off: 20 of 20 numpy runs).
+    Now it retries (only it: the others keep their first ranges) and its mean comes out within
+    10% and within its bar in 6 seeded runs (measured: median 1.2%, bars covering 19 of 20)."""
+    for s in range(6):
+        y = _zero_inflated(20_000, s)
+        rel = scale_free_multivariate_mean(_backend(y, s), _cols(3), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 3), SeededNoise(s))
+        assert rel.status == STATUS_OK
+        assert rel.parameters["range_retried_coordinates"] == [1]
+        exact = y[:, 1].mean()
+        assert abs(rel.estimate[1] - exact) <= 0.1 * exact
+
+
+def test_zero_atom_kept_when_its_retry_releases_nothing(monkeypatch):
+    """The retry of a zero-atom coordinate releases nothing: the first run's zero bucket (a DP
+    output) stands, the run is released (not INSUFFICIENT_DATA), no second retry or joint run
+    is charged for that coordinate."""
+    import dplib.mean.scale_free_multivariate as mv
+
+    real = mv.magnitude_range_from_counts
+
+    def no_retry(*a, **k):
+        return None if a[2] == 0.0 else real(*a, **k)  # the retries are the pure (delta 0) runs
+
+    monkeypatch.setattr(mv, "magnitude_range_from_counts", no_retry)
+    y = _zero_inflated(20_000, 1)
+    acc = Accountant(Budget(EPS, DELTA))
+    rel = scale_free_multivariate_mean(_backend(y, 1), _cols(3), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 3), SeededNoise(1), acc)
+    assert rel.status == STATUS_OK
+    assert rel.parameters["range_retried_coordinates"] == [1]
+    lo, hi = rel.parameters["coordinate_ranges"][1]
+    assert -1e-11 < lo < 0 < hi < 1e-11
+    stages = [c.stage for c in acc.charges]
+    assert STAGE_RANGES_RETRY in stages and STAGE_RANGES_RETRY2 not in stages and STAGE_RANGES_JOINT not in stages
