@@ -76,6 +76,9 @@ PROFILE_SUB_EDGES = (2.0**0.5,)
 #: centre window, the radius below and the centre share x3, 1 in 60 (median 0.024-0.030, coverage
 #: 74-81% with the misses flagged); 300 persons 0.0142 -> 0.0068.
 SMALL_CENTRE_PAD = 1
+#: Octaves per magnitude bucket in the range retry that follows a first run of only the zero bucket
+#: (a zero-inflated column).
+ZERO_ATOM_OCTAVES = 3
 SMALL_SUB_EDGES: tuple[float, ...] = ()
 SMALL_OCTAVES_BELOW = 6
 #: Factor on the centre share after the range retry (the profile's is ``StageShares.boost``).
@@ -475,9 +478,11 @@ def scale_free_stages(
     if retried and not shared:
         b = charge(STAGE_RANGE_RETRY)
         first = rng_out
+        # after a zero atom: buckets of ZERO_ATOM_OCTAVES octaves (the other persons are often spread
+        # over several octaves, each bucket below the threshold; a public choice from a DP outcome)
+        octaves = plan.range_octaves if first is None else max(plan.range_octaves, ZERO_ATOM_OCTAVES)
         rng_out = magnitude_range(
-            backend, column, group, b.epsilon, b.delta, noise, plan.range_quantile, plan.exponent_range,
-            plan.range_octaves,
+            backend, column, group, b.epsilon, b.delta, noise, plan.range_quantile, plan.exponent_range, octaves,
         )
         if rng_out is None:  # the first run's zero bucket, if it released one
             rng_out = first
