@@ -67,7 +67,7 @@ from dplib.mechanisms.histograms import pure_dp_histogram, thresholded_histogram
 from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-multivariate-person-mean"
-ALGORITHM_VERSION = "1"
+ALGORITHM_VERSION = "2"  # 2: a coarse range of only the zero bucket is widened to the released non-zero buckets (ranges.magnitude_range_from_counts)
 STATUS_OK = "OK"
 STATUS_INSUFFICIENT = "INSUFFICIENT_DATA"
 ERROR_LEVEL = 0.9

@@ -145,7 +145,7 @@ OWN_STAGES_N_EPS = 300.0
 #: numbers, 2,000 the same as 1,000; pooled-path cells unchanged.
 SMALL_N_EPS = 1000.0
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free-per-group"
-ALGORITHM_VERSION = "6"  # 6: the locating histogram (light pooled tails); 5: the joint within-group profile (shares 10/15/15/40/20); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
+ALGORITHM_VERSION = "7"  # 7: the shared stages retry a range of only the zero bucket (3-octave buckets) and widen a zero-bucket window to released non-zero buckets (scale-free mean version 8); 6: the locating histogram (light pooled tails); 5: the joint within-group profile (shares 10/15/15/40/20); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 #: Pooled path: share of the group's rest spent on its first step (the locating histogram, or the
 #: clip-and-noise around the pooled centre), whose rough mean re-centres the fine clip on the group.
 RECENTRE_SHARE = 0.25

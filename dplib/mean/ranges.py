@@ -118,8 +118,9 @@ class MagnitudeRange:
     lower: float
     upper: float
     noisy_total: float
-    #: True when the window is the zero bucket alone and no other bucket carries noisy mass:
-    #: persons away from 0, if any, were too few for this run to see (a DP outcome).
+    #: True when the window is the zero bucket alone and no other bucket carries noisy mass (after
+    #: the threshold, or with delta = 0 after the noise floor and the run filter): persons away
+    #: from 0, if any, were too few for this run to see (a DP outcome).
     zero_atom: bool = False
 
 
@@ -262,7 +263,8 @@ def magnitude_range_from_counts(
     for k, c in exact.items():
         if k != 0:
             e = _key_exponent(k)
-            k = _key(e - ((e - e_base) % octaves), 1 if k > 0 else -1)
+            # (not below MIN_EXPONENT: the lowest exponents would map to key 0 or flip sign)
+            k = _key(max(e - ((e - e_base) % octaves), MIN_EXPONENT), 1 if k > 0 else -1)
         counts[k] = counts.get(k, 0) + c
     if delta > 0:
         released, _, _ = thresholded_histogram(counts, epsilon, delta, noise)
@@ -302,6 +304,8 @@ def magnitude_range_from_counts(
         if delta == 0 and k == 0:
             bound = 2.0 ** exponent_range[0]
             intervals.append((-bound, bound))
+        elif k == 0:  # the zero bucket spans no octaves: not grown
+            intervals.append(_bucket_interval(0, ()))
         else:
             lo, hi = _bucket_interval(k, ())
             grow = 2.0 ** (octaves - 1)  # the bucket spans `octaves` octaves from its first

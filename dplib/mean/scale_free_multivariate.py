@@ -10,7 +10,8 @@ stage (share of eps)    mechanism
 ======================  ========================================================================
 coordinate ranges 4%    per coordinate, thresholded histogram of signed binary magnitudes (centre
                         0) -> [L_j, U_j]; (eps, delta/4) split over the d coordinates
-(retry 10%)             only if some coordinate released no bucket, on those coordinates only
+(retry 10%)             only if some coordinate released no bucket (or only the zero bucket),
+                        on those coordinates only
                         (the others keep their ranges): Laplace on every two-octave bucket of
                         the public magnitudes 2^-40..2^60, a range only if the fullest noisy
                         bucket reaches ln(buckets / 1e-3) noise scales and none reaching 2^60
@@ -596,7 +597,8 @@ def scale_free_multivariate_mean(
         top = max(abs(r.lower), abs(r.upper))
         return [MagnitudeRange(-top, top, r.noisy_total)] * len(coords)
 
-    # 1. per-coordinate magnitude ranges; if some coordinate released no bucket, a retry with a
+    # 1. per-coordinate magnitude ranges; if some coordinate released no bucket (or only the zero
+    # bucket), a retry with a
     # larger share on those coordinates only (the others keep their first-run ranges)
     ranges = ranges_run(STAGE_RANGES, list(range(d)))
     # a coordinate whose first run released only the zero bucket (zero-inflated: its other persons,

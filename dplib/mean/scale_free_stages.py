@@ -4,7 +4,7 @@ Factored out of :mod:`dplib.mean.scale_free` (the univariate mean) so that the p
 variance (:mod:`dplib.variance`) and sum (:mod:`dplib.sums`) run the same private stages:
 
 1. magnitude range (thresholded or pure histogram of signed binary magnitudes; a retry with a
-   larger share only when the first run released nothing),
+   larger share only when the first run released nothing or only the zero bucket),
 2. centre (RangeEstimator on a window derived from the range, refined by a centroid),
 3. deviation profile (pure histogram of ``|Y - c|`` on half octaves; octaves on small data) and its Student-t tail model,
 3b. tail balance (Laplace counts beyond ``+x_a`` and ``-x_a``; only for light fitted tails and an
@@ -460,7 +460,8 @@ def scale_free_stages(
     eps_total = plan.budget.epsilon
     group = plan.group
 
-    # 1. magnitude range (a retry with a larger share only if the first run released nothing)
+    # 1. magnitude range (a retry with a larger share only if the first run released nothing, or
+    # only the zero bucket)
     shared = bool(getattr(plan, "shared_range", False))
     if shared:
         if given_range is None:

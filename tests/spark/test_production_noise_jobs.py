@@ -337,8 +337,8 @@ def test_zero_inflated_mean_retries_its_range_through_the_job(spark, tmp_path):
     up to at least 16) and the mean is released near the exact one. Before the retry on a zero
     atom the release was ~0 (100% off, flagged). Tolerance from the numpy twin of this data (200
     seeded runs, 2026-12-05, the retry's 3-octave buckets): median relative error 2.0%, worst 28%,
-    every run within 1.2 of its bars or (2 runs without a bar) within 30%; the window reached 16
-    in 200 of 200."""
+    every run within 1.2 of its bars (the check: 1.5) or (2 runs without a bar) within 30%; the
+    window reached 16 in 200 of 200."""
     rng = np.random.default_rng(21)
     n = 4_000
     mu = np.where(rng.random(n) < 0.92, 0.0, rng.gamma(3.0, 5.0, n))
@@ -353,5 +353,5 @@ def test_zero_inflated_mean_retries_its_range_through_the_job(spark, tmp_path):
     params = json.loads(row.parameters)
     assert params["range_retried"] is True and params["range_upper"] >= 16.0
     assert result.epsilon_spent <= 1.0 * (1 + 1e-12)
-    tol = 0.3 * float(mu.mean()) if row.error_bar is None else 5.0 * row.error_bar[0]
+    tol = 0.3 * float(mu.mean()) if row.error_bar is None else 1.5 * row.error_bar[0]
     assert abs(row.estimate[0] - float(mu.mean())) <= tol

@@ -797,3 +797,15 @@ def test_window_with_a_nonzero_bucket_is_unchanged_by_the_atom_rule():
     r = magnitude_range_from_counts(exact, HUGE_EPS, 1e-6, SeededNoise(0), 0.9)
     assert r.upper == 8.0 and r.lower < 0 < -r.lower < 1e-11
     assert r.zero_atom is False
+
+
+def test_merged_octaves_keep_the_lowest_exponents_positive_and_the_zero_bucket_symmetric():
+    """Buckets of 3 octaves with delta > 0 (merged from exponent 0): values at 2^-1021 (the
+    lowest exponent) stay a positive bucket (they merged to exponent -1023, below the key range,
+    and came back as a negative bucket); the zero bucket is not grown by the merge."""
+    from dplib.aggregates import MIN_EXPONENT
+
+    r = magnitude_range_from_counts({_key(MIN_EXPONENT, 1): 1000}, HUGE_EPS, 1e-6, SeededNoise(0), 0.9, octaves=3)
+    assert r.lower > 0
+    r = magnitude_range_from_counts({0: 1000}, HUGE_EPS, 1e-6, SeededNoise(0), 0.9, octaves=3)
+    assert r.lower == -r.upper and r.zero_atom is True

@@ -609,9 +609,12 @@ def test_zero_inflated_column_retries_its_range_and_estimates_the_mean():
     for seed in range(20):
         backend, y = _zero_inflated_backend(seed)
         acc = Accountant(DEFAULT_BUDGET)
-        rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(seed), acc)
+        noise = SnapshotNoise(seed, acc)
+        rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), noise, acc)
         assert rel.status == STATUS_OK
-        assert [c.stage for c in acc.charges][:2] == [STAGE_RANGE, STAGE_RANGE_RETRY]
+        assert [c.stage for c in acc.charges] == [STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_CENTRE, STAGE_PROFILE, STAGE_FINE]
+        assert noise.snapshots == [1, 2, 3, 4, 5]  # every stage, the retry too, charged before its noise
+        assert (rel.epsilon, rel.delta) == pytest.approx((1.0, 1e-6))
         assert rel.parameters["range_upper"] >= 16.0
         err = abs(rel.estimate - y.mean())
         if rel.error_bar is None:  # a tail fit heavier than x^-1 about the atom: flagged, no bar
@@ -665,3 +668,81 @@ def test_zero_atom_retry_pools_octaves_for_shares_of_periods():
         errs.append(abs(rel.estimate - y.mean()))
     assert reached >= 8
     assert np.median(errs) < 0.03
+
+
+def _planted_range(monkeypatch, first):
+    """Make the first ``magnitude_range`` call of a run return ``first`` (a released range); the
+    retry, if any, runs for real. Returns the list of the calls' ``octaves`` arguments."""
+    import dplib.mean.scale_free_stages as stages
+
+    real, octaves = stages.magnitude_range, []
+
+    def planted(*a, **k):
+        octaves.append(a[8] if len(a) > 8 else k.get("octaves"))
+        return first if len(octaves) == 1 else real(*a, **k)
+
+    monkeypatch.setattr(stages, "magnitude_range", planted)
+    return octaves
+
+
+def test_retry_decision_reads_only_the_released_range(monkeypatch):
+    """The zero-atom retry follows the released range object, not the data: a released zero-only
+    range on data with no zero retries (with the pooled octaves); a released non-zero range on
+    all-zero data does not; a first run that released nothing retries with the plan's octaves."""
+    from dplib.mean.ranges import MagnitudeRange
+    from dplib.mean.scale_free_stages import ZERO_ATOM_OCTAVES
+
+    backend, _, _ = _gaussian_backend(3)
+    acc = Accountant(DEFAULT_BUDGET)
+    octaves = _planted_range(monkeypatch, MagnitudeRange(-1e-300, 1e-300, 3000.0, zero_atom=True))
+    scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(1), acc)
+    assert [c.stage for c in acc.charges][:2] == [STAGE_RANGE, STAGE_RANGE_RETRY]
+    assert octaves == [1, ZERO_ATOM_OCTAVES]
+
+    zeros = NumpyAggregates({"v": np.zeros(3000)}, np.random.default_rng(2).integers(0, 2**32, size=3000))
+    acc = Accountant(DEFAULT_BUDGET)
+    octaves = _planted_range(monkeypatch, MagnitudeRange(2.0, 8.0, 3000.0))
+    scale_free_person_mean(zeros, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(1), acc)
+    assert STAGE_RANGE_RETRY not in [c.stage for c in acc.charges]
+    assert octaves == [1]
+
+    acc = Accountant(DEFAULT_BUDGET)
+    octaves = _planted_range(monkeypatch, None)
+    scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET, range_octaves=2), SeededNoise(1), acc)
+    assert [c.stage for c in acc.charges][:2] == [STAGE_RANGE, STAGE_RANGE_RETRY]
+    assert octaves == [2, 2]  # an ordinary retry keeps the plan's octaves
+
+
+def test_zero_inflated_column_pure_dp():
+    """delta = 0: the pure range histogram's zero bucket (|Y| < 2^-40) holds the atom. 3,000
+    persons, 93% zeros: the first run's other buckets stay under its noise floor, the retry pools
+    3 octaves over the public exponent range and finds them; 20,000 persons: the first run sees
+    them and its zero-bucket window is widened (no retry). 5 seeded runs each within 10% of the
+    exact mean (measured: at most 6%)."""
+    plan = ScaleFreeMeanPlan(Budget(1.0, 0.0))
+    for n, retried in ((3000, True), (20_000, False)):
+        for seed in range(5):
+            backend, y = _zero_inflated_backend(seed, n=n)
+            rel = scale_free_person_mean(backend, "v", plan, SeededNoise(seed))
+            assert rel.status == STATUS_OK and rel.delta == 0.0
+            assert rel.parameters["range_retried"] is retried
+            assert rel.parameters["range_upper"] >= 16.0
+            assert abs(rel.estimate - y.mean()) <= 0.1 * y.mean()
+
+
+def test_zero_inflated_column_variance_and_sum():
+    """The shared stages' zero-atom retry serves the variance and the sum too (3,000 persons, 93%
+    zeros; before, both read a ~1e-308-wide range: variance and sum ~0). 6 seeded runs: retried,
+    variance within [0.6, 1.5] of the exact population variance of the person means (measured
+    0.85-1.09), sum within 30% of the exact (measured 0.78-1.05)."""
+    from dplib.sums import ScaleFreeSumPlan, person_sum
+    from dplib.variance import ScaleFreeVariancePlan, person_variance
+
+    for seed in range(6):
+        backend, y = _zero_inflated_backend(seed)
+        v = person_variance(backend, "v", ScaleFreeVariancePlan(DEFAULT_BUDGET), SeededNoise(seed))
+        s = person_sum(backend, "v", ScaleFreeSumPlan(DEFAULT_BUDGET), SeededNoise(seed))
+        assert v.status == STATUS_OK and s.status == STATUS_OK
+        assert v.parameters["range_retried"] is True and s.parameters["range_retried"] is True
+        assert 0.6 * y.var() <= v.estimate <= 1.5 * y.var()
+        assert abs(s.estimate - y.sum()) <= 0.3 * y.sum()

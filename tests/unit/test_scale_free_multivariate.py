@@ -742,7 +742,7 @@ def test_zero_inflated_coordinate_retries_its_range():
     range run releases only the zero bucket (the others sit below the per-coordinate threshold),
     which made its window ~1e-12 wide and its released mean 0 (100% off: 20 of 20 numpy runs).
     Now it retries (only it: the others keep their first ranges) and its mean comes out within
-    10% and within its bar in 6 seeded runs (measured: median 1.2%, bars covering 19 of 20)."""
+    10% and within twice its bar in 6 seeded runs (measured: median 1.2%, bars covering 19 of 20)."""
     for s in range(6):
         y = _zero_inflated(20_000, s)
         rel = scale_free_multivariate_mean(_backend(y, s), _cols(3), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 3), SeededNoise(s))
@@ -750,6 +750,7 @@ def test_zero_inflated_coordinate_retries_its_range():
         assert rel.parameters["range_retried_coordinates"] == [1]
         exact = y[:, 1].mean()
         assert abs(rel.estimate[1] - exact) <= 0.1 * exact
+        assert abs(rel.estimate[1] - exact) <= 2.0 * rel.error_bar[1]
 
 
 def test_zero_atom_kept_when_its_retry_releases_nothing(monkeypatch):
