@@ -149,6 +149,8 @@ def main(argv=None) -> int:
         cells.append(("nlswork, its first 800 persons by idcode", lambda s: nls[:800]))
         wp, info = panel_person_means("wagepan", ("lwage", "hours", "exper", "educ"))
         cells.append((f"wagepan lwage/hours/exper/educ ({info['persons']} persons)", lambda s: wp))
+        rh, info = panel_person_means("randhie", ("meddol", "outpdol", "drugdol", "mdvis"))
+        cells.append((f"randhie meddol/outpdol/drugdol/mdvis ({info['persons']} persons)", lambda s: rh))
     except Exception as err:  # the bench extra is not installed
         print(f"nlswork: SKIPPED ({type(err).__name__}: {err})")
     print(f"covariance, estimator {args.estimator}: eps = {args.epsilon}, delta = 1e-6, {args.seeds} seeds")

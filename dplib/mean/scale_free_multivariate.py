@@ -115,7 +115,7 @@ from dplib.mechanisms import NoiseSource, gaussian_sigma, pure_dp_histogram
 from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-multivariate-person-mean/scale-free"
-ALGORITHM_VERSION = "7"  # 7: a coordinate whose first range is the zero bucket alone retries (keeping it if the retry releases nothing): RandHIE d = 4 released 10/20 -> 20/20 runs, a 93%-zero coordinate at 20,000 persons 100% -> 1.2% off; 6: the joint-norm range retry, its shared scale, the scale cap, the lost-range stop; 5: pure-DP range retries over public two-octave buckets (0.10 / 0.15); 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
+ALGORITHM_VERSION = "7"  # 7: a coordinate whose first range is the zero bucket alone retries (keeping it if the retry releases nothing), and goes on to the second and joint retries while still at the zero bucket (the clipped covariance on RandHIE: 7 of 20 runs released -> 20 of 20): RandHIE d = 4 released 10/20 -> 20/20 runs, a 93%-zero coordinate at 20,000 persons 100% -> 1.2% off; 6: the joint-norm range retry, its shared scale, the scale cap, the lost-range stop; 5: pure-DP range retries over public two-octave buckets (0.10 / 0.15); 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
 
 STAGE_RANGES = "coordinate ranges"
 STAGE_RANGES_RETRY = "coordinate ranges (retry)"
@@ -611,15 +611,17 @@ def scale_free_multivariate_mean(
         for j, r in zip(failed, ranges_run(STAGE_RANGES_RETRY, failed)):
             ranges[j] = r if r is not None else first[j]
         params["range_retried_coordinates"] = failed
-        still = [j for j in failed if ranges[j] is None]
+        # (a coordinate still at its zero bucket alone counts as missed: the later runs may see its
+        # other persons; it keeps the zero bucket if they release nothing)
+        still = [j for j in failed if ranges[j] is None or ranges[j].zero_atom]
         if still and plan.range_retry2_share > 0:  # a second retry on what both runs missed
             for j, r in zip(still, ranges_run(STAGE_RANGES_RETRY2, still)):
-                ranges[j] = r
+                ranges[j] = r if r is not None else ranges[j]
             params["range_retried_twice_coordinates"] = still
-        still = [j for j in failed if ranges[j] is None]
+        still = [j for j in failed if ranges[j] is None or ranges[j].zero_atom]
         if still and plan.range_joint_share > 0:  # one joint histogram over what all runs missed
             for j, r in zip(still, joint_run(still)):
-                ranges[j] = r
+                ranges[j] = r if r is not None else ranges[j]
             params["range_joint_coordinates"] = still
     params["range_retried"] = retried
     if any(r is None for r in ranges):
