@@ -49,6 +49,7 @@ from dplib.mean.scale_free_stages import (
     INSUFFICIENT_REASON,
     ScaleFreeSetup,
     ScaleFreeStagesPlan,
+    RANGE_RETRY2_SHARE,
     StageShares,
     point_tail,
     scale_free_stages,
@@ -59,12 +60,12 @@ from dplib.mechanisms import NoiseSource, clamp_exact, inflate, laplace_mechanis
 from dplib.seam import Aggregates
 
 ALGORITHM = "scale-free-clipped-sum"
-ALGORITHM_VERSION = "5"  # 5: the shared stages retry a range of only the zero bucket (scale-free mean version 8); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
+ALGORITHM_VERSION = "5"  # 5: the shared stages retry a range of only the zero bucket and run a pooled third range run when the first two release nothing (scale-free mean version 8); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 STAGE_SUM = "clipped sum"
 #: Early stages: the mean's range, centre and profile shares, no tail balance (its light-tail cap on
 #: the radius suits a mean, whose clipped excesses offset, not a sum of many persons: 12% larger
 #: median errors with it, benchmarks/sum_variance_anchors.py, 12 seeds x 9 cells).
-SHARES = StageShares(balance=0.0)
+SHARES = StageShares(balance=0.0, range_retry2=RANGE_RETRY2_SHARE)
 #: The radius is chosen with the tail's point fit (at least RADIUS_NU_FLOOR), not the conservative
 #: one the bar uses (see dplib.variance). Accuracy only.
 RADIUS_NU_FLOOR = 2.0

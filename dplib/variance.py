@@ -49,6 +49,7 @@ from dplib.mean.scale_free_stages import (
     bar_bias,
     INSUFFICIENT_REASON,
     ScaleFreeStagesPlan,
+    RANGE_RETRY2_SHARE,
     StageShares,
     measured_reach,
     point_tail,
@@ -62,11 +63,11 @@ from dplib.seam import Aggregates
 
 ALGORITHM = "scale-free-clipped-variance"
 STDDEV_ALGORITHM = "scale-free-clipped-variance/stddev"
-ALGORITHM_VERSION = "5"  # 5: the shared stages retry a range of only the zero bucket (scale-free mean version 8); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
+ALGORITHM_VERSION = "5"  # 5: the shared stages retry a range of only the zero bucket and run a pooled third range run when the first two release nothing (scale-free mean version 8); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 STAGE_MOMENTS = "clipped moments"
 #: Early stages: the mean's range and centre shares, a larger profile (the radius and the bias
 #: bound rest on it) and no tail balance. Tuned on benchmarks/sum_variance_anchors.py.
-SHARES = StageShares(balance=0.0)
+SHARES = StageShares(balance=0.0, range_retry2=RANGE_RETRY2_SHARE)
 #: Coverage split of the 90% bar: the noise quantile and the bound on |Tbar - c|.
 NOISE_LEVEL = 0.91
 OFFSET_LEVEL = 0.99

@@ -8,7 +8,8 @@ scale s, the range R) replaced by private estimates (:mod:`dplib.mean.ranges`). 
 ====  =====================  ==========================  =======================================
  #    stage                   epsilon share               mechanism
 ====  =====================  ==========================  =======================================
- 1    magnitude range         0.04 (retry: + 0.20)        thresholded (delta > 0) or pure histogram
+ 1    magnitude range         0.04 (retry: + 0.20;        thresholded (delta > 0) or pure histogram
+                              pooled retry: + 0.15)
                                                           of signed binary magnitudes -> [L, U]
  2    centre                  0.04 (0.12 after retry)     RangeEstimator on [L - W, U + W], bins of
                                                           W/8, pure; argmax bin refined by the
@@ -19,7 +20,7 @@ scale s, the range R) replaced by private estimates (:mod:`dplib.mean.ranges`). 
  3b   tail balance            0.05 (light tails, no       Laplace on the persons beyond +x_a and
                               retry)                      beyond -x_a (x_a from the profile)
  4    fine clip-and-noise     the rest (0.77 or 0.82;     Laplace on (sum trunc(Y - c, rho), w n)
-                              0.44 after retry)
+                              0.44 after retry, 0.29 after the pooled retry)
 ====  =====================  ==========================  =======================================
 
 Stage 1 runs a second time, with a larger share, only when its first run released no bucket, or
@@ -93,6 +94,7 @@ from dplib.mean.scale_free_stages import (  # the early stages; re-exported (see
     STAGE_PROFILE,
     STAGE_RANGE,
     STAGE_RANGE_RETRY,
+    STAGE_RANGE_RETRY2,
     ScaleFreeSetup,
     StageShares,
     balance_edge,
@@ -121,15 +123,15 @@ __all__ = [
     "ALGORITHM", "ALGORITHM_VERSION", "BALANCE_RATIO", "BALANCE_SHARE", "CENTRE_BINS", "CENTRE_SHARE", "DEFAULT_SHARES",
     "FLAG_NU", "LIGHT_NU", "LIGHT_RADIUS_NU", "PROFILE_OCTAVES_ABOVE", "PROFILE_OCTAVES_BELOW", "PROFILE_SHARE", "PROFILE_SUB_EDGES",
     "OVERFLOW_REFUSE", "RADIUS_REACH", "RANGE_RETRY_SHARE", "RANGE_SHARE", "REACH_FACTOR", "SMALL_DATA_BOOST", "STAGES", "STAGE_BALANCE",
-    "STAGE_CENTRE", "STAGE_FINE", "STAGE_PROFILE", "STAGE_RANGE", "STAGE_RANGE_RETRY", "ScaleFreeMeanPlan",
+    "STAGE_CENTRE", "STAGE_FINE", "STAGE_PROFILE", "STAGE_RANGE", "STAGE_RANGE_RETRY", "STAGE_RANGE_RETRY2", "ScaleFreeMeanPlan",
     "ScaleFreeSetup", "StageShares", "balance_edge", "balanced_radius", "measured_reach", "scale_free_person_mean",
     "scale_free_stages", "stage_charger", "tail_balance", "tail_balance_read", "tail_counts", "tail_from_profile",
 ]
 
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
-ALGORITHM_VERSION = "8"  # 8: a first range of only the zero bucket (a zero-inflated column) runs the retry (3 octaves per bucket; wagepan shares of years in a state, 70-82% zeros: |error| 0.07-0.20 -> 0.008-0.03), and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
+ALGORITHM_VERSION = "8"  # 8: a pooled third range run (pure, 4 octaves per bucket) when the first two release nothing (jtrain firms, 128-155 persons: employ and sales released in 95-100% of runs instead of 0-5%); a first range of only the zero bucket (a zero-inflated column) runs the retry (3 octaves per bucket; wagepan shares of years in a state, 70-82% zeros: |error| 0.07-0.20 -> 0.008-0.03), and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
 STAGE_FINE = "fine clip-and-noise"
-STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_CENTRE, STAGE_PROFILE, STAGE_BALANCE, STAGE_FINE)
+STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2, STAGE_CENTRE, STAGE_PROFILE, STAGE_BALANCE, STAGE_FINE)
 #: The radius never exceeds this multiple of how far the profile measures (:func:`measured_reach`).
 #: A tail fitted near x^-1 makes the balanced radius run off to hundreds of times the measured
 #: range, while real bounded-but-skewed columns stop a few times beyond it. Measured on real panels
@@ -233,7 +235,7 @@ class ScaleFreeMeanPlan:
         early = DEFAULT_SHARES.early_charges(self.budget, prefix, self.group, self.shared_range)
         share = DEFAULT_SHARES.final_share
         if self.shared_range:  # the range stages' shares go to the fine stage
-            share += DEFAULT_SHARES.range + DEFAULT_SHARES.range_retry
+            share += DEFAULT_SHARES.range + DEFAULT_SHARES.range_retry + DEFAULT_SHARES.range_retry2
         fine = Budget(self.budget.epsilon * share, 0.0)
         return early + [Charge(f"{prefix}{STAGE_FINE}", fine, self.group)]
 
