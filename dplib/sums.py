@@ -164,7 +164,7 @@ def person_sum(
         (the scalar release of the mean estimators) ``estimate``: ``S~ + c N~``, data units;
         ``error_bar``: the 90% half-width (module docstring); ``noise_scale``: the Laplace scale
         of ``S~``; or ``INSUFFICIENT_DATA`` when the range stage releases nothing (only the range
-        and its retry are charged).
+        runs are charged: the first, its retry and the pooled retry).
 
     Raises
     ------

@@ -230,7 +230,8 @@ def person_variance(
         squared, >= 0; ``error_bar``: the 90% half-width (see the module docstring);
         ``noise_scale``: the Laplace scale of the second-moment term, data units squared;
         ``parameters["interval_90"]``: the one-sided interval; or ``INSUFFICIENT_DATA`` when the
-        range stage releases nothing (only the range and its retry are charged).
+        range stage releases nothing (only the range runs are charged: the first, its retry and the
+        pooled retry).
 
     Raises
     ------

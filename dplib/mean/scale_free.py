@@ -24,7 +24,8 @@ scale s, the range R) replaced by private estimates (:mod:`dplib.mean.ranges`). 
 ====  =====================  ==========================  =======================================
 
 Stage 1 runs a second time, with a larger share, only when its first run released no bucket, or
-only the zero bucket (a DP
+only the zero bucket, and a third time (the pooled retry: pure, 4-octave buckets) only when neither
+released a bucket (a DP
 outcome: too few persons for the small share; "small data": then the centre window is the range
 and one bin each side, the profile has octave bins, the radius comes from the point fit of the tail
 capped at ``SMALL_REACH`` times the reach, and a fit that cannot confirm a light tail sets the flag); stage 3b runs only when the tail fitted to stage 3
@@ -321,7 +322,7 @@ def scale_free_person_mean(
     -------
     MeanRelease
         Estimate (data units) with a 90% error bar for the exact dataset statistic, or
-        ``INSUFFICIENT_DATA`` when stage 1 releases no bucket in either run.
+        ``INSUFFICIENT_DATA`` when stage 1 releases no range in any of its runs.
         ``parameters["tail_flag"]`` is True when the bar rests on a tail assumption the
         deviation profile could not confirm.
 

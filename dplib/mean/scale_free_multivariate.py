@@ -16,8 +16,10 @@ coordinate ranges 4%    per coordinate, thresholded histogram of signed binary m
                         the public magnitudes 2^-40..2^60, a range only if the fullest noisy
                         bucket reaches ln(buckets / 1e-3) noise scales and none reaching 2^60
                         (pure DP; delta/8 charged, used only by the composition over coordinates)
-(second retry 15%)      the same on the coordinates both runs missed (delta/8); 0 turns it off
-(joint retry 10%)       only if some coordinates are still missed: ONE Laplace histogram of the
+(second retry 15%)      the same on the coordinates both runs missed, or left at the zero
+                        bucket alone (delta/8); 0 turns it off
+(joint retry 10%)       only if some coordinates are still missed (or at the zero bucket
+                        alone): ONE Laplace histogram of the
                         l2 norm of those coordinates (each person one bucket, sensitivity 1, pure
                         DP) on the same buckets and confirmation -> [-U, U] for each of them
 centre 4%               per coordinate, Laplace histogram of 24 bins of width (U_j - L_j)/8 over
@@ -620,9 +622,14 @@ def scale_free_multivariate_mean(
             params["range_retried_twice_coordinates"] = still
         still = [j for j in failed if ranges[j] is None or ranges[j].zero_atom]
         if still and plan.range_joint_share > 0:  # one joint histogram over what all runs missed
-            for j, r in zip(still, joint_run(still)):
-                ranges[j] = r if r is not None else ranges[j]
+            joint_ranges = joint_run(still)  # one range for all of them, or none
+            if joint_ranges[0] is not None:
+                for j, r in zip(still, joint_ranges):
+                    ranges[j] = r
+            # (the zero-atom coordinates among them keep their zero buckets when it released none;
+            # only a released joint range makes them share one joint scale below)
             params["range_joint_coordinates"] = still
+            params["range_joint_retry_released"] = joint_ranges[0] is not None
     params["range_retried"] = retried
     if any(r is None for r in ranges):
         eps, delta = composed_cost(accountant.charges[start:])
@@ -676,7 +683,7 @@ def scale_free_multivariate_mean(
     # ||Y_J - c_J|| / sqrt(chi2_k median), from one histogram at epsilon k / d (one bin per person:
     # the same total, k times the epsilon of each coordinate's own)
     b = charge(STAGE_SCALES, eps_total * plan.scales_share * boost)
-    joint = list(params.get("range_joint_coordinates", []))
+    joint = list(params.get("range_joint_coordinates", [])) if params.get("range_joint_retry_released", True) else []
     # (a DP outcome: the noisy person count times a coordinate's own scale epsilon)
     joint = joint if len(joint) >= 2 and n_persons * b.epsilon / d < JOINT_SCALE_N_EPS else []
     own = [j for j in range(d) if j not in joint]

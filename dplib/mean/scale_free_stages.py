@@ -4,7 +4,8 @@ Factored out of :mod:`dplib.mean.scale_free` (the univariate mean) so that the p
 variance (:mod:`dplib.variance`) and sum (:mod:`dplib.sums`) run the same private stages:
 
 1. magnitude range (thresholded or pure histogram of signed binary magnitudes; a retry with a
-   larger share only when the first run released nothing or only the zero bucket),
+   larger share only when the first run released nothing or only the zero bucket; a pooled
+   retry, pure with 4-octave buckets, only when neither released anything),
 2. centre (RangeEstimator on a window derived from the range, refined by a centroid),
 3. deviation profile (pure histogram of ``|Y - c|`` on half octaves; octaves on small data) and its Student-t tail model,
 3b. tail balance (Laplace counts beyond ``+x_a`` and ``-x_a``; only for light fitted tails and an
@@ -87,7 +88,6 @@ SMALL_CENTRE_PAD = 1
 RETRY2_EXPONENT_RANGE = (-40, 60)
 RETRY2_OCTAVES = 4
 RETRY2_CONFIRM_BETA = 1e-3
-RETRY2_TOP = top_bucket_start(RETRY2_EXPONENT_RANGE, RETRY2_OCTAVES)
 #: Octaves per magnitude bucket in the range retry that follows a first run of only the zero bucket
 #: (a zero-inflated column).
 ZERO_ATOM_OCTAVES = 3
@@ -233,6 +233,7 @@ def stage_charger(accountant: Accountant, charges: dict):
         accountant.charge(c.stage, budget, c.group)
         return budget
 
+    charge.stages = frozenset(charges)  # type: ignore[attr-defined]  # the planned stages (checked before any charge)
     return charge
 
 
@@ -390,8 +391,10 @@ def measured_reach(profile, model) -> float:
 
 
 INSUFFICIENT_REASON = (
-    "no magnitude bucket passed the threshold (too few persons for the scale-free estimator "
-    "at this budget: it needs roughly 50/epsilon persons in one octave; or declare options.scale)"
+    "no magnitude bucket passed the threshold in any range run (too few persons for the scale-free "
+    "estimator at this budget: roughly 70/epsilon persons in one octave, or 11/(0.15 epsilon) in four; "
+    "or magnitudes beyond the last run's public 2^-40..2^60, or options.exponent_range with delta = 0; "
+    "or declare options.scale)"
 )
 
 
@@ -455,7 +458,7 @@ def scale_free_stages(
     given_range=None,
     small: bool | None = None,
 ) -> ScaleFreeSetup | None:
-    """Stages 1-3b of the scale-free estimators: magnitude range (and its retry), centre,
+    """Stages 1-3b of the scale-free estimators: magnitude range (and its retries), centre,
     deviation profile and (if ``shares.balance > 0`` and the fitted tail is light) tail balance.
 
     ``plan`` supplies ``budget``, ``group``, ``k``, ``range_quantile``, ``exponent_range`` and
@@ -467,21 +470,25 @@ def scale_free_stages(
 
     Returns
     -------
-    ScaleFreeSetup, or None when stage 1 released no bucket in either run (the range and its
-    retry were charged; nothing else).
+    ScaleFreeSetup, or None when stage 1 released no range in any run (the range, its retry and,
+    when the shares have one, the pooled retry were charged; nothing else).
 
     Privacy
     -------
-    Add/remove one person: the range is (eps1, delta/2)-DP per run, the centre, profile and
+    Add/remove one person: the range is (eps1, delta/2)-DP per thresholded run and (eps1, 0)-DP
+    in the pooled retry (Laplace on every public bucket), the centre, profile and
     balance histograms are pure (one person in one bin of each); the shares are fixed or chosen
     from earlier DP outcomes within the plan's total (basic composition).
     """
     eps_total = plan.budget.epsilon
     group = plan.group
+    shared = bool(getattr(plan, "shared_range", False))
+    planned = getattr(charge, "stages", None)
+    if shares.range_retry2 > 0 and not shared and planned is not None and STAGE_RANGE_RETRY2 not in planned:
+        raise InvalidParameterError("the shares have a pooled range retry that the plan's charges do not list")
 
     # 1. magnitude range (a retry with a larger share only if the first run released nothing, or
     # only the zero bucket)
-    shared = bool(getattr(plan, "shared_range", False))
     if shared:
         if given_range is None:
             raise InvalidParameterError("a plan with shared_range needs the shared stage's given_range")
@@ -510,14 +517,20 @@ def scale_free_stages(
             # neither run released a bucket: a third, pure run with pooled octaves (a few hundred
             # persons spread over many octaves: no one-octave bucket reaches the thresholds)
             b = charge(STAGE_RANGE_RETRY2)
+            # public buckets: the plan's exponent range with delta = 0 (as its first two runs), else
+            # RETRY2_EXPONENT_RANGE
+            exponents = plan.exponent_range if plan.budget.delta == 0 else RETRY2_EXPONENT_RANGE
             counts = backend.log_histogram(column, 0.0, group)
             rng_out = magnitude_range_from_counts(
-                counts, b.epsilon, 0.0, noise, plan.range_quantile, RETRY2_EXPONENT_RANGE, RETRY2_OCTAVES,
-                RETRY2_CONFIRM_BETA,
+                counts, b.epsilon, 0.0, noise, plan.range_quantile, exponents, RETRY2_OCTAVES, RETRY2_CONFIRM_BETA,
             )
             del counts
-            if rng_out is not None and max(abs(rng_out.lower), abs(rng_out.upper)) > RETRY2_TOP:
-                rng_out = None  # the top bucket also holds every larger value: no range
+            # no range when it reaches the top bucket (which holds every larger value) or is the zero
+            # bucket alone (every value below 2^e_min: persons near 2^-60 read as ~0)
+            if rng_out is not None and (
+                rng_out.zero_atom or max(abs(rng_out.lower), abs(rng_out.upper)) > top_bucket_start(exponents, RETRY2_OCTAVES)
+            ):
+                rng_out = None
             params["range_pooled_retry"] = rng_out is not None
     if rng_out is None:
         params["range_retried"] = retried

@@ -217,8 +217,8 @@ class MeanKind(StatisticKind):
                     f"coarse error bound u={plan.coarse_error_bound:.4g}, k={plan.k:g}")
         cap = "" if plan.k is None else f", tail nu capped at k={plan.k:g}"
         return (f"  {name}: scale-free (range, centre and radius found privately; every stage on all "
-                f"persons, sequential: 4% range [+20% retry on small data], 4% centre, 10% profile, "
-                f"the rest to clip-and-noise){cap}")
+                f"persons, sequential: 4% range [+20% retry on small data or a zero atom; +15% pooled retry "
+                f"if both release nothing], 4% centre, 10% profile, the rest to clip-and-noise){cap}")
 
     def run(self, stat: MeanStatistic, plan, ctx: RunContext) -> Release:
         column = stat.columns[0]

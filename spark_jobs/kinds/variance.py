@@ -86,8 +86,9 @@ def stage_text(plan) -> str:
     """The dry-run text of the scale-free early stages and the final share."""
     sh = plan.shares
     balance = f", {sh.balance:.0%} tail balance" if sh.balance > 0 else ""
+    pooled = f"; +{sh.range_retry2:.0%} pooled retry if both release nothing" if sh.range_retry2 > 0 else ""
     return (f"every stage on all persons, sequential: {sh.range:.0%} range [+{sh.range_retry:.0%} retry on small "
-            f"data], {sh.centre:.0%} centre, {sh.profile:.0%} profile{balance}, the rest "
+            f"data or a zero atom{pooled}], {sh.centre:.0%} centre, {sh.profile:.0%} profile{balance}, the rest "
             f"({1 - sh.range - sh.centre - sh.profile - sh.balance:.0%}) to the {plan.final_stage}")
 
 

@@ -192,9 +192,9 @@ def test_single_person_gives_insufficient_data(spark, tmp_path):
     res = run_job(make_config(p, tmp_path), spark=spark, noise=SeededNoise(0))
     assert [r.status for r in res.rows] == ["INSUFFICIENT_DATA"] * 2
     assert all(r.estimate is None for r in res.rows)
-    # the range stage and its retry were charged (0.04 + 0.20 of the statistic's 0.5); the
-    # release says so
-    assert res.rows[0].epsilon == pytest.approx(0.5 * 0.24)
+    # the range stage, its retry and the pooled retry were charged (0.04 + 0.20 + 0.15 of the
+    # statistic's 0.5); the release says so
+    assert res.rows[0].epsilon == pytest.approx(0.5 * 0.39)
 
 
 @pytest.mark.parametrize(

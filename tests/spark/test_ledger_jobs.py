@@ -229,8 +229,9 @@ def test_two_jobs_overlap_room_for_one(tmp_path):
 
 def test_stages_a_dp_outcome_stopped_are_refunded(spark, tmp_path):
     """Issue 20, defect 6: the ledger kept the whole reservation when a statistic stopped early.
-    Ten persons: the scale-free mean's range (and its retry) release nothing, so only those two
-    stages (0.04 + 0.20 of the share, delta/2 each) are charged; a second statistic that runs to
+    Ten persons: the scale-free mean's range runs (the first, its retry and the pooled retry)
+    release nothing, so only those three stages (0.04 + 0.20 + 0.15 of the share; delta/2 for
+    each thresholded run, none for the pure pooled one) are charged; a second statistic that runs to
     the end spends its whole share but only half its delta (no retry needed). The ledger entry,
     the population's spent budget and the release rows agree on the realised cost."""
     rng = np.random.default_rng(3)
@@ -249,8 +250,8 @@ def test_stages_a_dp_outcome_stopped_are_refunded(spark, tmp_path):
     result = run_job(parse_config(data), spark=spark, noise=SeededNoise(5), run_id="refund-1")
     rows = {r.statistic: r for r in result.rows}
     assert rows["y_mean"].status == "INSUFFICIENT_DATA" and rows["x_mean"].status == "OK"
-    expect_eps = 1.0 * (0.04 + 0.20) + 1.0
-    expect_delta = 0.5e-6 + 0.25e-6  # y: both range runs (delta/2 each of its 0.5e-6); x: the first run only
+    expect_eps = 1.0 * (0.04 + 0.20 + 0.15) + 1.0
+    expect_delta = 0.5e-6 + 0.25e-6  # y: both thresholded range runs (delta/2 each of its 0.5e-6); x: the first run only
     assert result.epsilon_spent == pytest.approx(expect_eps) and result.delta_spent == pytest.approx(expect_delta)
     led = Ledger(str(tmp_path / "out" / "privacy_ledger"))
     pop = led.population("refund-users")

@@ -648,7 +648,8 @@ def test_retry_that_releases_nothing_keeps_the_first_runs_zero_bucket(monkeypatc
     rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(2), acc)
     assert len(calls) == 2
     assert rel.status == STATUS_OK
-    assert [c.stage for c in acc.charges][:2] == [STAGE_RANGE, STAGE_RANGE_RETRY]
+    # the first run's zero bucket stands: no pooled retry
+    assert [c.stage for c in acc.charges] == [STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_CENTRE, STAGE_PROFILE, STAGE_FINE]
     assert abs(rel.estimate) <= rel.error_bar
     assert rel.parameters["range_upper"] < 1e-300
 
@@ -782,14 +783,90 @@ def test_pooled_retry_releases_few_persons_spread_over_octaves():
             assert abs(rel.estimate - y.mean()) <= rel.error_bar
 
 
-def test_pooled_retry_refuses_its_top_bucket():
-    """60 persons near 1e25 (beyond the pooled retry's public top, 2^60, whose bucket holds every
-    larger value): no range, INSUFFICIENT_DATA, the three range runs charged (0.39) and nothing
-    else."""
-    y = 1e25 * (1.0 + 0.01 * np.random.default_rng(1).normal(size=60))
+@pytest.mark.parametrize("scale,seed_key", [(1e25, 43), (2.0**-60, 44)])
+def test_pooled_retry_refuses_its_top_and_zero_buckets(scale, seed_key):
+    """150 persons spread around 1e25 (beyond the pooled retry's public top, 2^60, whose bucket
+    holds every larger value) or around 2^-60 (below its 2^-40: the zero bucket): the pooled run
+    sees them (its confirmation passes: without the refusal it released [2^60, 2^64] in 5 of 5
+    seeds), but a range at its top bucket, or of the zero bucket alone, is no range:
+    INSUFFICIENT_DATA, the three range runs charged (0.39) and nothing else."""
+    for seed in range(3):
+        rng = np.random.default_rng([seed, seed_key])
+        y = scale * np.exp(rng.normal(0.0, 1.0, 150))
+        acc = Accountant(DEFAULT_BUDGET)
+        backend = NumpyAggregates({"v": y}, rng.integers(0, 2**32, size=y.size))
+        rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(seed), acc)
+        assert rel.status == STATUS_INSUFFICIENT
+        assert [c.stage for c in acc.charges] == [STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2]
+        assert rel.epsilon == pytest.approx(0.39) and rel.parameters["range_pooled_retry"] is False
+
+
+@pytest.mark.parametrize("delta,exponents", [(1e-6, (-40, 60)), (0.0, (75, 95))])
+def test_pooled_retry_parameters(monkeypatch, delta, exponents):
+    """The pooled run's public parameters, pinned: epsilon 0.15 of the budget, delta 0 (pure),
+    4 octaves per bucket, confirmation at beta 1e-3, over 2^-40..2^60 (delta > 0) or the plan's
+    own exponent range (delta = 0, as its first two runs); Laplace on every public bucket (53 for
+    (-40, 60), 13 for (75, 95))."""
+    import dplib.mean.scale_free_stages as stages
+
+    real, seen = stages.magnitude_range_from_counts, []
+
+    def spy(*a, **k):
+        seen.append(a[1:])
+        return real(*a, **k)
+
+    monkeypatch.setattr(stages, "magnitude_range_from_counts", spy)
+    rng = np.random.default_rng(41)
+    # (delta = 0: spread over ~15 octaves near 2^85, so that the first two pure runs see nothing)
+    y = np.exp(rng.normal(3.5, 1.0, 150)) if delta > 0 else 2.0**85 * np.exp(rng.normal(0.0, 2.5, 150))
+    budget = Budget(1.0, delta)
+    acc = Accountant(budget)
+    noise = SnapshotNoise(1, acc)
+    plan = ScaleFreeMeanPlan(budget, exponent_range=(75, 95)) if delta == 0 else ScaleFreeMeanPlan(budget)
+    scale_free_person_mean(NumpyAggregates({"v": y}, rng.integers(0, 2**32, size=150)), "v", plan, noise, acc)
+    (eps, d, _noise, q, exp_range, octaves, beta), = seen
+    assert (eps, d, q, exp_range, octaves, beta) == (pytest.approx(0.15), 0.0, 0.9, exponents, 4, 1e-3)
+    assert [c.stage for c in acc.charges][:3] == [STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2]
+    assert noise.sizes[2] == (53 if delta > 0 else 13)
+
+
+def test_pooled_retry_in_the_variance_and_the_sum():
+    """The variance and the sum run the pooled retry too (150 lognormal persons): released, their
+    final stage at 0.29 of epsilon (what is left after 0.04 + 0.20 + 0.15 + 0.12 + 0.20)."""
+    from dplib.sums import ScaleFreeSumPlan, person_sum
+    from dplib.variance import ScaleFreeVariancePlan, person_variance
+
+    rng = np.random.default_rng([2, 41])
+    y = np.exp(rng.normal(3.5, 1.0, 150))
+    backend = NumpyAggregates({"v": y}, rng.integers(0, 2**32, size=150))
+    for fn, plan in ((person_variance, ScaleFreeVariancePlan(DEFAULT_BUDGET)), (person_sum, ScaleFreeSumPlan(DEFAULT_BUDGET))):
+        acc = Accountant(DEFAULT_BUDGET)
+        rel = fn(backend, "v", plan, SeededNoise(2), acc)
+        assert rel.status == STATUS_OK and rel.parameters["range_pooled_retry"] is True
+        assert [c.stage for c in acc.charges][:3] == [STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2]
+        assert acc.charges[-1].budget.epsilon == pytest.approx(0.29)
+        assert (rel.epsilon, rel.delta) == pytest.approx((1.0, 1e-6))
+
+
+def test_shared_range_plan_lists_no_range_stage():
+    """A grouped mean's per-group plan (shared_range) lists none of the range runs (the shared
+    stages ran them once); their shares go to its fine stage, and the total is the budget."""
+    plan = ScaleFreeMeanPlan(DEFAULT_BUDGET, shared_range=True)
+    stages = [c.stage for c in plan.charges()]
+    assert STAGE_RANGE not in stages and STAGE_RANGE_RETRY not in stages and STAGE_RANGE_RETRY2 not in stages
+    assert plan.cost().epsilon == pytest.approx(1.0, rel=1e-12)
+
+
+def test_shares_with_a_pooled_retry_the_plan_does_not_list_are_refused():
+    """A caller whose shares have a pooled retry that its plan's charges lack is refused before
+    anything is charged (it would otherwise fail after 0.24 of epsilon)."""
+    from dplib.mean.scale_free_stages import StageShares, scale_free_stages, stage_charger
+
+    backend, _, _ = _gaussian_backend(1, n=100)
+    plan = ScaleFreeMeanPlan(DEFAULT_BUDGET)
     acc = Accountant(DEFAULT_BUDGET)
-    rel = scale_free_person_mean(NumpyAggregates({"v": y}, np.arange(60)), "v", ScaleFreeMeanPlan(DEFAULT_BUDGET),
-                                 SeededNoise(3), acc)
-    assert rel.status == STATUS_INSUFFICIENT
-    assert [c.stage for c in acc.charges] == [STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2]
-    assert rel.epsilon == pytest.approx(0.39) and rel.parameters["range_pooled_retry"] is False
+    charges = {c.stage: c for c in plan.charges() if c.stage != STAGE_RANGE_RETRY2}
+    with pytest.raises(InvalidParameterError, match="pooled"):
+        scale_free_stages(backend, "v", plan, StageShares(range_retry2=0.15), stage_charger(acc, charges),
+                          SeededNoise(1), {})
+    assert acc.charges == []

@@ -774,7 +774,10 @@ def test_zero_atom_kept_when_its_retry_releases_nothing(monkeypatch):
     assert -1e-11 < lo < 0 < hi < 1e-11
     stages = [c.stage for c in acc.charges]
     assert stages[:4] == [STAGE_RANGES, STAGE_RANGES_RETRY, STAGE_RANGES_RETRY2, STAGE_RANGES_JOINT]
-    assert rel.parameters["range_retried_twice_coordinates"] == [1] and rel.parameters["range_joint_coordinates"] == [1]
+    assert rel.parameters["range_retried_twice_coordinates"] == [1]
+    # the joint run read it and released nothing: no joint scale for it
+    assert rel.parameters["range_joint_coordinates"] == [1] and rel.parameters["range_joint_retry_released"] is False
+    assert "joint_scale_coordinates" not in rel.parameters
 
 
 @pytest.mark.parametrize("retry2", [True, False])
