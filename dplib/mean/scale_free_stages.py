@@ -392,7 +392,7 @@ def measured_reach(profile, model) -> float:
 
 INSUFFICIENT_REASON = (
     "no magnitude bucket passed the threshold in any range run (too few persons for the scale-free "
-    "estimator at this budget: roughly 70/epsilon persons in one octave, or 11/(0.15 epsilon) in four; "
+    "estimator at this budget: roughly 70/epsilon persons in one octave, or in four for the last run; "
     "or magnitudes beyond the last run's public 2^-40..2^60, or options.exponent_range with delta = 0; "
     "or declare options.scale)"
 )
