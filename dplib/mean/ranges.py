@@ -316,6 +316,15 @@ def magnitude_range_from_counts(
     return MagnitudeRange(lower, upper, float(sum(max(w, 0.0) for w in weights)), zero_atom)
 
 
+def below_top_bucket(r: MagnitudeRange | None, exponent_range: tuple[int, int], octaves: int) -> MagnitudeRange | None:
+    """``r`` (a pure-DP range over ``exponent_range`` in buckets of ``octaves`` octaves), or None
+    when it reaches the top bucket, which also holds every larger value (post-processing). Shared by
+    the scale-free univariate and multivariate retries."""
+    if r is None or max(abs(r.lower), abs(r.upper)) > top_bucket_start(exponent_range, octaves):
+        return None
+    return r
+
+
 def _beyond_zero_atom(keys, intervals, weights, q: float, lower: float, upper: float) -> tuple[float, float]:
     """When the window is the zero bucket alone (an atom: a fraction ``q`` of the noisy mass is
     exactly 0, e.g. a count that is 0 for most persons) and other buckets carry noisy mass, the

@@ -96,6 +96,7 @@ from dplib.mean.ranges import (
     hidden_mass,
     magnitude_range_from_counts,
     pure_bucket_count,
+    below_top_bucket,
     top_bucket_start,
     visible_only,
     window_bins,
@@ -584,7 +585,7 @@ def scale_free_multivariate_mean(
         # the retries' pure buckets with their confirmation; a range reaching the top bucket is none
         r = magnitude_range_from_counts(counts, epsilon, 0.0, noise, plan.range_quantile, RETRY_EXPONENT_RANGE,
                                         RETRY_OCTAVES, RETRY_CONFIRM_BETA)
-        return None if r is None or max(abs(r.lower), abs(r.upper)) > _RETRY_TOP else r
+        return below_top_bucket(r, RETRY_EXPONENT_RANGE, RETRY_OCTAVES)
 
     def joint_run(coords: list[int]):
         # one pure-DP histogram of ||(Y_j)_{j in coords}||_2 about 0 (one bucket per person:

@@ -41,8 +41,8 @@ from dplib.mean.ranges import (
     deviation_profile_from_counts,
     hidden_mass,
     magnitude_range,
+    below_top_bucket,
     magnitude_range_from_counts,
-    top_bucket_start,
     measured_survival,
     window_center,
 )
@@ -521,15 +521,13 @@ def scale_free_stages(
             # RETRY2_EXPONENT_RANGE
             exponents = plan.exponent_range if plan.budget.delta == 0 else RETRY2_EXPONENT_RANGE
             counts = backend.log_histogram(column, 0.0, group)
-            rng_out = magnitude_range_from_counts(
+            rng_out = below_top_bucket(magnitude_range_from_counts(
                 counts, b.epsilon, 0.0, noise, plan.range_quantile, exponents, RETRY2_OCTAVES, RETRY2_CONFIRM_BETA,
-            )
+            ), exponents, RETRY2_OCTAVES)
             del counts
-            # no range when it reaches the top bucket (which holds every larger value) or is the zero
-            # bucket alone (every value below 2^e_min: persons near 2^-60 read as ~0)
-            if rng_out is not None and (
-                rng_out.zero_atom or max(abs(rng_out.lower), abs(rng_out.upper)) > top_bucket_start(exponents, RETRY2_OCTAVES)
-            ):
+            # nor when it is the zero bucket alone (every value below 2^e_min: persons near 2^-60
+            # would read as ~0)
+            if rng_out is not None and rng_out.zero_atom:
                 rng_out = None
             params["range_pooled_retry"] = rng_out is not None
     if rng_out is None:

@@ -777,7 +777,6 @@ def test_zero_atom_kept_when_its_retry_releases_nothing(monkeypatch):
     assert rel.parameters["range_retried_twice_coordinates"] == [1]
     # the joint run read it and released nothing: no joint scale for it
     assert rel.parameters["range_joint_coordinates"] == [1] and rel.parameters["range_joint_retry_released"] is False
-    assert "joint_scale_coordinates" not in rel.parameters
 
 
 @pytest.mark.parametrize("retry2", [True, False])
