@@ -170,7 +170,7 @@ LOCATE_MAX_HALF_BINS = 256.0
 #: The window: 2 bins either side of the noisy argmax (1: 0.0407, 3: 0.0426 on Gaussian G = 10),
 #: grown over contiguous bins whose noisy count reaches 2 noise scales (none: 0.0417).
 LOCATE_WINDOW = 2
-LOCATE_FLOOR = 2.0
+LOCATE_FLOOR = 3.0
 #: The rough mean's working bound adds this many bins for the bin centres' discretisation
 #: (0.5 / 0.25 / 0: Gaussian G = 10 0.041 / 0.039 / 0.038, bars covering 0.96 / 0.93 / 0.92).
 LOCATE_DISCRETE = 0.25
@@ -375,44 +375,53 @@ def locating_histogram(
     group: GroupRange,
     epsilon: float,
     noise: NoiseSource,
+    span: float = 0.0,
 ) -> tuple[float, float, dict]:
     """A group's rough mean from one Laplace histogram (the pooled path's first step, light tails).
 
     Bins of width ``h = min(radius / LOCATE_BINS_PER_RADIUS, LOCATE_WIDTH_OF_BULK x bulk)`` (at
-    least ``radius / LOCATE_MAX_HALF_BINS``), ``2 ceil(radius / h)`` of them from ``c0 - radius``
-    (covering ``[c0 - radius, c0 + radius]``; the start is cut to ``-VALUE_BOUND`` if below it);
-    every bin's person count gets Laplace noise of scale ``1 / epsilon``. ``bulk`` may be nan
-    (then ``h = radius / LOCATE_BINS_PER_RADIUS``). The rough mean is the noisy-count-weighted
-    mean of the bin centres (negative counts as 0) over the window ``LOCATE_WINDOW`` bins either
-    side of the noisy argmax, grown over contiguous bins whose noisy count reaches
-    ``LOCATE_FLOOR / epsilon``; if no count in the window is positive, the top bin's centre.
+    least ``half / LOCATE_MAX_HALF_BINS``, ``half = max(radius, span)``), ``2 ceil(half / h)`` of
+    them from ``c0 - half`` (covering ``[c0 - half, c0 + half]``; the start is cut to
+    ``-VALUE_BOUND`` if below it); a value below the first bin counts in the first, one beyond
+    the last in the last. Every bin's person count gets Laplace noise of scale ``1 / epsilon``.
+    ``bulk`` may be nan (then ``h = radius / LOCATE_BINS_PER_RADIUS``). The rough mean is the
+    noisy-count-weighted mean of the bin centres (negative counts as 0) over the window
+    ``LOCATE_WINDOW`` bins either side of the noisy argmax, grown over contiguous bins whose noisy
+    count reaches ``LOCATE_FLOOR / epsilon``; if no count in the window is positive, the top bin's
+    centre.
 
-    ``c0``, ``radius`` and ``bulk`` (the pooled profile's median deviation) must be public (DP
-    outputs); the caller must have charged ``epsilon`` on ``group``.
+    ``c0``, ``radius``, ``bulk`` (the pooled profile's median deviation) and ``span`` (how far the
+    pooled profile measures from ``c0``: a group anywhere in the pool lies in the tiled span)
+    must be public (DP outputs); the caller must have charged ``epsilon`` on ``group``.
 
     Returns
     -------
     (m1, u1, info)
         ``m1`` (data units); ``u1`` a working 90% bound on ``|m1 - the group's mean|`` (the window
-        mean's Laplace noise at 1.645 sd plus ``LOCATE_DISCRETE`` bins; the radius when the top
-        bin does not clear the bins' noise by ``LOCATE_PEAK_MARGIN`` or nothing is positive; not
-        a proof: the error bar adds the fine stage's measured offset); ``info`` the public bin
-        width and the window's ends (DP outputs).
+        mean's Laplace noise at 1.645 sd plus ``LOCATE_DISCRETE`` bins; not a proof: the error
+        bar adds the fine stage's measured offset); ``info`` the public bin width, the window's
+        ends and ``located`` (DP outputs). No claim (``located`` False, ``u1 = half``) when the
+        top bin does not clear the bins' noise by ``LOCATE_PEAK_MARGIN``, nothing is positive, or
+        the window reaches an end bin whose noisy count reaches the floor (the group's persons may
+        go on beyond the span, and the window's mean is then pulled to its end).
 
     Privacy
     -------
-    epsilon-DP under add/remove: a person's value falls in at most one bin (values outside the
-    tiled span fall in no released bin), so the released count vector moves by at most 1 in l1;
-    the bins depend only on public inputs; everything after the noise is post-processing.
+    epsilon-DP under add/remove: a person's value falls in exactly one bin (values beyond the
+    tiled span in an end bin), so the released count vector moves by at most 1 in l1; the bins
+    depend only on public inputs; everything after the noise is post-processing.
     """
+    half = max(radius, span) if math.isfinite(span) else radius
     h = radius / LOCATE_BINS_PER_RADIUS
     if math.isfinite(bulk) and bulk > 0:
         h = min(h, LOCATE_WIDTH_OF_BULK * bulk)
-    h = max(h, radius / LOCATE_MAX_HALF_BINS)
-    nb = 2 * int(math.ceil(radius / h))
-    offset = float(np.clip(c0 - radius, -VALUE_BOUND, VALUE_BOUND))
+    h = max(h, half / LOCATE_MAX_HALF_BINS)
+    nb = 2 * int(math.ceil(half / h))
+    offset = float(np.clip(c0 - half, -VALUE_BOUND, VALUE_BOUND))
     counts = backend.histogram(column, h, offset, group)
-    exact = np.array([float(counts.get(j, 0)) for j in range(nb)])
+    exact = np.zeros(nb)
+    for j, n in counts.items():  # exact counts before noise: each person still in one bin
+        exact[min(max(int(j), 0), nb - 1)] += float(n)
     del counts
     noisy, scale = laplace_mechanism(exact, 1.0, epsilon, noise)
     del exact
@@ -424,20 +433,24 @@ def locating_histogram(
     while hi < nb and noisy[hi] >= floor:
         hi += 1
     w = np.maximum(noisy[lo:hi], 0.0)
-    info = {"locating_bin_width": h, "locating_window": [offset + lo * h, offset + hi * h]}
+    info = {"locating_bin_width": h, "locating_window": [offset + lo * h, offset + hi * h], "located": False}
     if not w.sum() > 0:  # nothing positive near the top bin (all noise): its centre, no claim
-        return offset + (j + 0.5) * h, float(radius), info
+        return offset + (j + 0.5) * h, float(half), info
     # in bin units from the window's first bin (no overflow near the value bound)
     k = np.arange(hi - lo, dtype=float)
     k_m = float(np.dot(w, k) / w.sum())
     m1 = offset + (lo + 0.5 + k_m) * h
     if noisy[j] < scale * (math.log(nb) + LOCATE_PEAK_MARGIN):
         # the top bin does not stand clear of the largest noise the nb bins would draw on their own:
-        # it may be a noise spike, so no claim on m1's error (the count weight and the bar then
-        # take the whole radius)
-        return m1, float(radius), info
+        # it may be a noise spike, so no claim on m1's error
+        return m1, float(half), info
+    if (lo == 0 and noisy[0] >= floor) or (hi == nb and noisy[nb - 1] >= floor):
+        # the window runs into an end bin that holds persons (its own or every one beyond the
+        # span): the group may lie beyond the span, m1 pulled to its end; no claim
+        return m1, float(half), info
     sd = float(np.sqrt(2.0 * np.sum((k - k_m) ** 2)) * scale / w.sum()) * h
-    return m1, float(min(1.645 * sd + LOCATE_DISCRETE * h, radius)), info
+    info["located"] = True
+    return m1, float(min(1.645 * sd + LOCATE_DISCRETE * h, half)), info
 
 
 def group_person_mean(
@@ -535,8 +548,13 @@ def group_person_mean(
         # noisy mean near the top bin -> m1
         accountant.charge(f"{stage_prefix}{STAGE_LOCATE}", b_a, plan.group)
         centre, u1, located = locating_histogram(backend, column, s.center, rho_a, profile_quantile(s.profile, 0.5, floored=True),
-                                                 plan.group, b_a.epsilon, noise)
+                                                 plan.group, b_a.epsilon, noise, span=s.reach)
         params.update(located)
+        if not located["located"]:
+            # nothing found that stands clear of the noise inside the span: the window's mean may be
+            # a noise spike or cut at the span's end. Clip around the pooled centre at the pooled
+            # radius (the group may sit anywhere in the pool), as the heavy-tail path's first step
+            centre = s.center
     else:
         # (i) heavy pooled tail: a clip-and-noise around the pooled centre c0 (the group may sit
         # anywhere in the pool: the count carries the full weight rho) -> a rough group mean m1
@@ -552,7 +570,10 @@ def group_person_mean(
     # the spread about each group's own centre) when that radius is at most WITHIN_RADIUS_RATIO of
     # the pooled one: groups far apart relative to their own spread
     pooled_rho = min(balanced_radius(s.model, low, high, n_eps * share_b, max(u1, s.centre_error)), reach)
-    within: WithinProfile | None = backend.joint(JOINT_WITHIN, centre) if shared.within else None  # type: ignore[attr-defined]
+    # (a group the histogram did not locate does not ask: its persons' distances from the pooled
+    # centre are not a spread about its own centre)
+    asks = shared.within and not (locate and not params["located"])
+    within: WithinProfile | None = backend.joint(JOINT_WITHIN, centre) if asks else None  # type: ignore[attr-defined]
     rho = pooled_rho
     if within is not None and within.profile.total > 0:
         w_rho = min(balanced_radius(within.model, low, high, n_eps * share_b, u1), RADIUS_REACH * within.reach)

@@ -108,8 +108,9 @@ class _Recording(SeededNoise):
 @pytest.mark.parametrize("extra", [8.0, 4.5 - 11.0, 4.5 + 11.0 - 1e-9, 1e6, -1e300, 1e300])
 def test_locating_histogram_moves_by_at_most_one_person(extra):
     """Extreme neighbours: adding one person anywhere (inside the window, on the tiled span's
-    edges, far outside it, near the value bound) changes the released exact bin vector by at most
-    1 in l1, over the same public bins; the mechanism is declared with sensitivity 1."""
+    edges, far outside it, near the value bound) changes the released exact bin vector by exactly
+    1 in l1 (a value beyond the span counts in the end bin), over the same public bins; the
+    mechanism is declared with sensitivity 1."""
     y = np.random.default_rng(3).normal(8.0, 1.0, 800)
     args = (4.5, 11.0, 2.6)
     a, b = _Recording(), _Recording()
@@ -119,13 +120,15 @@ def test_locating_histogram_moves_by_at_most_one_person(extra):
     assert len(a.calls) == len(b.calls) == 1  # one draw, over all bins at once
     assert va.shape == vb.shape and sa == sb == pytest.approx(1.0 / 0.05)
     diff = np.abs(vb - va).sum()
-    assert diff <= 1.0
+    assert diff == 1.0
     lo, hi = 4.5 - 11.0, 4.5 - 11.0 + va.size * info["locating_bin_width"]  # the tiled span
     assert hi >= 4.5 + 11.0
-    assert diff == (1.0 if lo <= extra < hi else 0.0)
-    # numpy oracle: the bins' exact counts
-    assert np.array_equal(va, np.bincount(np.floor((y[(y >= lo) & (y < hi)] - lo) / info["locating_bin_width"]).astype(int),
-                                          minlength=va.size))
+    # the bin that moved: the extra value's, or the end bin beyond the span
+    j = int(np.clip(np.floor((extra - lo) / info["locating_bin_width"]), 0, va.size - 1))
+    assert vb[j] - va[j] == 1.0
+    # numpy oracle: the bins' exact counts, values beyond the span in the end bins
+    idx = np.clip(np.floor((y - lo) / info["locating_bin_width"]), 0, va.size - 1).astype(int)
+    assert np.array_equal(va, np.bincount(idx, minlength=va.size))
 
 
 def test_locating_histogram_bins_are_public():
@@ -140,6 +143,56 @@ def test_locating_histogram_bins_are_public():
     r = _Recording()
     _, _, info = locating_histogram(_agg(np.zeros(5)), "v", 0.0, 16.0, float("nan"), ALL_PERSONS, 0.1, r)
     assert info["locating_bin_width"] == 2.0 and r.calls[0][0].size == 16  # no bulk: radius / 8
+
+
+def test_locating_histogram_span_reaches_groups_beyond_the_radius():
+    """A group 25 sd from c0 with a radius of 11: inside the span (the pooled profile's reach, 40)
+    it is located (window around it, |m1 - mean| within u1); without the span its persons all
+    count in the last bin, at the window's end: no claim (u1 = the radius, ``located`` False),
+    where version 6 counted them nowhere and took a noise spike for the group."""
+    y = np.random.default_rng(5).normal(30.0, 1.0, 800)
+    m1, u1, info = locating_histogram(_agg(y), "v", 4.5, 11.0, 2.6, ALL_PERSONS, 0.05, SeededNoise(1), span=40.0)
+    assert info["located"] is True and abs(m1 - y.mean()) <= u1 < 2.0
+    assert info["locating_window"][0] < y.mean() < info["locating_window"][1]
+    m1, u1, info = locating_histogram(_agg(y), "v", 4.5, 11.0, 2.6, ALL_PERSONS, 0.05, SeededNoise(1))
+    assert info["located"] is False and u1 == 11.0
+    h = info["locating_bin_width"]  # min(11 / 8, 2.6 / 2) = 1.3: 2 x ceil(11 / 1.3) = 18 bins from -6.5
+    assert h == pytest.approx(1.3) and info["locating_window"][1] == pytest.approx(-6.5 + 18 * 1.3)  # the span's end
+
+
+def test_locating_histogram_no_claim_when_the_window_runs_into_an_end_bin():
+    """Half the group below the span's start (at c0 - span): the window takes in the first bin,
+    which holds them all; no claim, though the top bin clears the noise (power: the same group
+    moved inside the span is located)."""
+    y = np.random.default_rng(6).normal(4.5 - 40.0, 1.0, 800)
+    _, u1, info = locating_histogram(_agg(y), "v", 4.5, 11.0, 2.6, ALL_PERSONS, 0.05, SeededNoise(2), span=40.0)
+    assert info["located"] is False and u1 == 40.0
+    _, _, info = locating_histogram(_agg(y + 5.0), "v", 4.5, 11.0, 2.6, ALL_PERSONS, 0.05, SeededNoise(2), span=40.0)
+    assert info["located"] is True
+
+
+def test_unlocated_group_clips_around_the_pooled_centre(monkeypatch):
+    """When the histogram claims nothing (its m1 may be a noise spike: here forced 100 away), the
+    fine clip is centred on the pooled centre at the pooled radius, the group does not ask the
+    joint within-group stage, and its release is near the exact mean with a bar that covers it."""
+    import dplib.mean.per_group as pg
+
+    orig = pg.locating_histogram
+
+    def spike(*args, **kwargs):
+        m1, u1, info = orig(*args, **kwargs)
+        return m1 + 100.0, u1, {**info, "located": False}
+
+    monkeypatch.setattr(pg, "locating_histogram", spike)
+    pooled = shared_scale(_agg(_pooled()), "v", SharedScalePlan(Budget(1.0, 1e-6)), SeededNoise(1), Accountant(Budget(1.0, 1e-6)))
+    assert pooled.setup is not None
+    y = np.random.default_rng(7).normal(8.0, 1.0, 800)
+    rel = group_person_mean(_agg(y), "v", GroupMeanPlan(Budget(0.2, 0.0)), SeededNoise(3), shared=pooled)
+    p = rel.parameters
+    assert p["locating_histogram"] is True and p["located"] is False
+    assert p["group_center"] == pooled.setup.center and p["within_group_profile"] is False
+    assert p["clipping_radius"] == p["pooled_radius"]
+    assert abs(rel.estimate - y.mean()) <= rel.error_bar
 
 
 def test_heavy_pooled_tail_keeps_the_clip():
