@@ -145,7 +145,7 @@ OWN_STAGES_N_EPS = 300.0
 #: numbers, 2,000 the same as 1,000; pooled-path cells unchanged.
 SMALL_N_EPS = 1000.0
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free-per-group"
-ALGORITHM_VERSION = "7"  # 7: the shared stages retry a range of only the zero bucket (3-octave buckets) and widen a zero-bucket window to released non-zero buckets (scale-free mean version 8); 6: the locating histogram (light pooled tails); 5: the joint within-group profile (shares 10/15/15/40/20); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
+ALGORITHM_VERSION = "8"  # 8: the locating histogram spans the pooled profile's reach (not only the first radius), counts values beyond it in its end bins and claims nothing when its window runs into a held end bin; a group it does not locate clips around the pooled centre at the pooled radius, stays out of the within-group profile, and its bar adds the offset the radius cannot absorb (far-apart groups, numpy twin of the Spark test, 4,000 seeds x 10 groups: releases beyond 3 of their bars 7 -> 0, worst 59 -> 1.9 bars; Gaussian G = 10 / 1e3 unchanged); the window grows over bins at 3 noise scales (was 2: three noise bins in a row pulled a rough mean 7 sd off); 7: the shared stages retry a range of only the zero bucket (3-octave buckets) and widen a zero-bucket window to released non-zero buckets (scale-free mean version 8); 6: the locating histogram (light pooled tails); 5: the joint within-group profile (shares 10/15/15/40/20); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 #: Pooled path: share of the group's rest spent on its first step (the locating histogram, or the
 #: clip-and-noise around the pooled centre), whose rough mean re-centres the fine clip on the group.
 RECENTRE_SHARE = 0.25
@@ -168,7 +168,10 @@ LOCATE_BINS_PER_RADIUS = 8.0
 LOCATE_WIDTH_OF_BULK = 0.5
 LOCATE_MAX_HALF_BINS = 256.0
 #: The window: 2 bins either side of the noisy argmax (1: 0.0407, 3: 0.0426 on Gaussian G = 10),
-#: grown over contiguous bins whose noisy count reaches 2 noise scales (none: 0.0417).
+#: grown over contiguous bins whose noisy count reaches 3 noise scales (2: 0.0371, none: 0.0417;
+#: at 2, three pure-noise bins in a row, each above 2 scales, pulled a rough mean 7 sd off and the
+#: group missed by 4 bars in 1 of 4,000 far-apart-groups runs; 3: 0.0367, none such). An end bin
+#: in the window at this floor means the group may go on beyond the span: no claim.
 LOCATE_WINDOW = 2
 LOCATE_FLOOR = 3.0
 #: The rough mean's working bound adds this many bins for the bin centres' discretisation
@@ -218,7 +221,8 @@ class SharedScalePlan:
     def charges(self, prefix: str = "") -> list[Charge]:
         """Range, its retry, centre and profile (the largest shares; the retry only if it runs),
         and the within-group profile (charged only if some group takes the pooled path with the
-        joint stage on offer: never under ``shared_scale(..., joint_within=False)``, where its share
+        joint stage on offer and asks it -- a light-tailed group the locating histogram did not
+        locate does not: if none asks, or under ``shared_scale(..., joint_within=False)``, its share
         is planned and left unspent)."""
         return SHARED_STAGE_SHARES.early_charges(self.budget, prefix, self.group) + [
             Charge(f"{prefix}{STAGE_WITHIN}", Budget(self.budget.epsilon * WITHIN_SHARE, 0.0), self.group)]
@@ -590,10 +594,18 @@ def group_person_mean(
     # the bar's bias bound: the model's tail (bar_tail) at the radius less the re-centring error
     # and the measured offset (the within profile was read around m1, but one group's m1 may sit
     # further from its mean than the typical group's)
-    offset = min(u1 + abs(fine.deviation), rho)
-    bias_bound = bar_bias(model, lambda m: m.bias(max(rho - offset, s.low)))
-    bar = noise_and_sampling_quantile(fine.scale / fine.denom, (abs(fine.deviation) / c) * (fine.scale / fine.denom),
-                                      0.0) + bias_bound
+    dev_noise = noise_and_sampling_quantile(fine.scale / fine.denom, (abs(fine.deviation) / c) * (fine.scale / fine.denom), 0.0)
+    if locate and not params["located"]:
+        # clipped around c0: the group's offset from it is what the fine stage measured (its
+        # deviation, plus its noise); at the radius it may sit anywhere beyond, up to the span
+        offset = abs(fine.deviation) + dev_noise
+        if offset >= rho:
+            offset = max(offset, u1)
+    else:
+        offset = u1 + abs(fine.deviation)
+    # an offset beyond the radius adds its excess: the clip may cut the group's whole bulk
+    bias_bound = bar_bias(model, lambda m: m.bias(max(rho - offset, s.low))) + max(offset - rho, 0.0)
+    bar = dev_noise + bias_bound
     half = float(bar) if math.isfinite(bar) else None
     if within is not None:
         covers = (

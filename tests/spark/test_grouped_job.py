@@ -175,7 +175,10 @@ def test_grouped_mean_pooled_path_joint_stage_production_noise(spark, tmp_path):
     SeededNoise([21, seed]), 200 seeds, build/scratch/far_exact.py): version 6 (locating
     histogram) worst |error| / bar 1.64, 99.6% covered, every pooled group located, 99% of group
     releases on the within radius (0.07 of the pooled radius, median), 1% of runs with none;
-    version 5 (clip-located) worst 3.52, 98.1%, 80%, 17%."""
+    version 5 (clip-located) worst 3.52, 98.1%, 80%, 17%. Over 4,000 seeds version 7 missed by
+    more than 3 bars 7 times in 40,000 releases (worst 59 bars: a group outside the histogram's
+    span, or cut at its end, read as located; one such run failed this test in CI); version 8:
+    none, worst 1.9 bars, 99.8% within one bar."""
     rng = np.random.default_rng(8)
     rows, G, P = [], 10, 600
     for g in range(G):

@@ -195,6 +195,34 @@ def test_unlocated_group_clips_around_the_pooled_centre(monkeypatch):
     assert abs(rel.estimate - y.mean()) <= rel.error_bar
 
 
+def test_unlocated_group_beyond_the_pooled_radius_keeps_an_honest_bar(monkeypatch):
+    """A group 6 sd above the other groups' centres (1,000 of its persons in the pool, so within
+    the profile's reach; the pooled tail still light) that the histogram does not locate: clipped around the pooled centre, whose
+    radius may not reach it. The fine stage's deviation then sits at the radius and the bar adds
+    the offset up to the span (version 7 capped the offset at the radius: a bar of the pooled
+    model's bias at the grid floor, blind to the excess)."""
+    import dplib.mean.per_group as pg
+
+    orig = pg.locating_histogram
+    monkeypatch.setattr(pg, "locating_histogram", lambda *a, **k: (lambda r: (r[0], r[1], {**r[2], "located": False}))(orig(*a, **k)))
+    rng = np.random.default_rng(9)
+    far = rng.normal(15.0, 1.0, 1_000)
+    pooled = shared_scale(_agg(np.concatenate([_pooled(), far])), "v", SharedScalePlan(Budget(1.0, 1e-6)), SeededNoise(4),
+                          Accountant(Budget(1.0, 1e-6)))
+    assert pooled.setup is not None and pooled.setup.reach > 10.0
+    beyond = 0
+    covered = 0
+    for seed in range(20):
+        y = far[seed * 50: seed * 50 + 100]  # 100 persons x 0.19: a far, weak group
+        rel = group_person_mean(_agg(y), "v", GroupMeanPlan(Budget(0.2, 0.0)), SeededNoise([5, seed]), shared=pooled)
+        p = rel.parameters
+        assert p["located"] is False and p["group_center"] == pooled.setup.center
+        beyond += y.mean() > p["group_center"] + p["clipping_radius"]
+        covered += abs(rel.estimate - y.mean()) <= rel.error_bar
+    assert beyond >= 10  # the case this tests: the group's mean beyond the clip
+    assert covered >= 16  # binomial(20, 0.9) < 16 with probability ~4%
+
+
 def test_heavy_pooled_tail_keeps_the_clip():
     """A pooled tail fitted heavier than LOCATE_MIN_NU re-centres by the clip-and-noise, not the
     histogram (a skewed group's bulk sits away from its mean)."""
