@@ -223,6 +223,36 @@ def test_unlocated_group_beyond_the_pooled_radius_keeps_an_honest_bar(monkeypatc
     assert covered >= 16  # binomial(20, 0.9) < 16 with probability ~4%
 
 
+def test_locating_histogram_skipped_when_it_cannot_claim():
+    """A group too small for the histogram to clear its claim threshold even with every noisy
+    person in one bin (noisy persons x its epsilon below ln(bins) + LOCATE_PEAK_MARGIN) skips it:
+    two stages, the fine one charged the whole rest, centred on the pooled centre; its bar covers
+    at about 90% (gaussian G = 1e3: 0.852 -> 0.737, coverage 0.98)."""
+    from dplib.mean.per_group import LOCATE_PEAK_MARGIN, RECENTRE_SHARE
+
+    pooled = shared_scale(_agg(_pooled()), "v", SharedScalePlan(Budget(1.0, 1e-6)), SeededNoise(1), Accountant(Budget(1.0, 1e-6)))
+    assert pooled.setup is not None
+    rng = np.random.default_rng(11)
+    covered, skipped = 0, 0
+    for seed in range(40):
+        y = rng.normal(6.0, 1.0, 60)
+        acc = Accountant(Budget(0.2, 0.0))
+        rel = group_person_mean(_agg(y), "v", GroupMeanPlan(Budget(0.2, 0.0)), SeededNoise([12, seed]), acc, shared=pooled)
+        p = rel.parameters
+        n_noisy, eps_rest = p["group_noisy_count"], 0.2 * (1 - COUNT_SHARE)
+        assert composed_cost(acc.charges)[0] == pytest.approx(0.2)
+        # the rule, from the DP count and the public grid
+        assert p["locating_skipped"] is bool(n_noisy * eps_rest * RECENTRE_SHARE < np.log(p["locating_bins"]) + LOCATE_PEAK_MARGIN)
+        if p["locating_skipped"]:
+            skipped += 1
+            assert [st["stage"] for st in p["stages"]] == ["group count", "fine clip-and-noise"]
+            assert p["stages"][1]["epsilon"] == pytest.approx(eps_rest)
+            assert p["group_center"] == pooled.setup.center and p["located"] is False
+        covered += abs(rel.estimate - y.mean()) <= rel.error_bar
+    assert skipped >= 25  # 60 persons x 0.0475: ~2.9 against ln(bins) + 3 ~ 5.8 (not when the count noise is large)
+    assert covered >= 32  # binomial(40, 0.9) < 32 with probability ~2%
+
+
 def test_heavy_pooled_tail_keeps_the_clip():
     """A pooled tail fitted heavier than LOCATE_MIN_NU re-centres by the clip-and-noise, not the
     histogram (a skewed group's bulk sits away from its mean)."""
