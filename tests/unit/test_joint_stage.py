@@ -240,6 +240,10 @@ def test_overlapping_heavy_groups_rarely_get_a_confident_wrong_bar():
     assert confident_misses <= 35, confident_misses  # measured 25 of 100; the bar before: 52
     assert any(p["bulk_off_mean"] for *_, p in rows if "bulk_off_mean" in p)
     assert any(not np.isfinite(b) for _, b, _, _ in rows)  # an unbounded within-group tail: no bar
+    # a located group whose within-group tail is heavier than the pooled one: its bar reads it
+    # (labelled), and its radius is the within model's wider one
+    wide = [p for *_, p in rows if p.get("bar_tail") == "within-group" and not p["within_group_profile"]]
+    assert wide and all(p["clipping_radius"] >= p["pooled_radius"] and p["located"] for p in wide)
     # a heavy pooled fit (no histogram): a within-group radius and bar take a tail no lighter
     heavy_within = [p for *_, p in rows if not p["locating_histogram"] and p["within_group_profile"]]
     assert heavy_within and all(p["tail_nu_lower"] <= p["pooled_tail_nu_lower"] for p in heavy_within)
