@@ -228,3 +228,50 @@ def test_grouped_mean_pooled_path_joint_stage_production_noise(spark, tmp_path):
             else:  # a located group whose within-group tail is heavier: its wider radius
                 assert p["clipping_radius"] >= p["pooled_radius"], (g, p)
     assert pooled >= G - 1
+
+
+def test_grouped_mean_small_groups_skip_the_histogram_production_noise(spark, tmp_path):
+    """Forty groups of 30 persons (centres 100-139, person means sd 1, 2-4 records each, one group
+    per person) at epsilon 1: a group whose noisy count x the histogram's epsilon (~30 x 0.17) falls
+    below ln(bins) + 3 skips the locating histogram and its fine clip-and-noise takes the whole rest
+    around the pooled centre (the skip path, production noise; the rule checked per group from its
+    DP count and public grid). Every group is released; a skipping group charged exactly the count
+    and the fine stage, summing to its epsilon; at least 80% of the releases lie within their 90% bars of the exact
+    per-group person-level mean (numpy twin of the rule: gaussian G = 1e3, coverage 0.98)."""
+    rng = np.random.default_rng(41)
+    rows, G, P = [], 40, 30
+    for g in range(G):
+        for i, mu in enumerate(100.0 + g + rng.normal(0, 1, P)):
+            for _ in range(int(rng.integers(2, 5))):
+                rows.append((f"p{g}_{i}", str(g), float(mu + rng.normal(0, 1.0))))
+    pdf = pd.DataFrame(rows, columns=["pid", "grp", "x"])
+    path = str(tmp_path / "small.parquet")
+    pdf.to_parquet(path, index=False)
+    truth = pdf.groupby(["grp", "pid"])["x"].mean().groupby(level=0).mean()
+    cfg = parse_config({
+        "job_name": "grouped-skip", "input": {"path": path, "format": "parquet"}, "privacy_unit": {"column": "pid"},
+        "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "statistics": [{"name": "m", "kind": "mean", "columns": ["x"], "share": 1.0, "group_by": ["grp"],
+                        "max_groups_per_person": 1, "groups": {"keys": [[str(g)] for g in range(G)]}}],
+        "output": {"path": str(tmp_path / "out")}, "ledger": {"enabled": False},
+    })
+    result = run_job(cfg, spark=spark)  # production noise
+    assert len(result.rows) == G
+    covered = skipped = 0
+    for r in result.rows:
+        g = r.group_key["grp"]
+        p = json.loads(r.parameters)
+        assert r.noise_source == SecureNoise.name and r.status == "OK", g
+        assert p["path"] == "pooled clip" and p["locating_histogram"] is True, (g, p)
+        stages = [st["stage"] for st in p["stages"]]
+        assert sum(st["epsilon"] for st in p["stages"]) == pytest.approx(p["group_epsilon"]), (g, p)
+        eps_a = 0.25 * (p["group_epsilon"] - p["stages"][0]["epsilon"])  # RECENTRE_SHARE of the rest
+        assert p["locating_skipped"] is bool(p["group_noisy_count"] * eps_a < np.log(p["locating_bins"]) + 3.0), (g, p)
+        if p["locating_skipped"]:
+            skipped += 1
+            assert stages == ["group count", "fine clip-and-noise"], (g, p)
+            assert p["group_center"] == p["pooled_center"] and p["within_group_profile"] is False, (g, p)
+        if r.error_bar is not None:
+            covered += abs(r.estimate[0] - truth[g]) <= r.error_bar[0]
+    assert skipped >= 10  # the count's noise (scale ~29 persons) decides for some groups
+    assert covered >= 0.8 * G, covered
