@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dplib.mean.per_group import WITHIN_RADIUS_RATIO
+from dplib.mean.per_group import LOCATE_PEAK_MARGIN, RECENTRE_SHARE, WITHIN_RADIUS_RATIO
 from dplib.mechanisms import SecureNoise
 from spark_jobs.config import parse_config
 from spark_jobs.delta import read_delta
@@ -163,6 +163,32 @@ def test_grouped_p90_windowed_path_production_noise(spark, records, tmp_path):
         assert abs(r.estimate[0] - exact) <= 2.0, (o, r.estimate, exact, p.get("extra_octaves"))
 
 
+def _one_group_per_person_job(tmp_path, name: str, centres, persons: int, records: tuple[int, int], epsilon: float,
+                              seed: int):
+    """Groups at ``centres`` (person means centre + N(0, 1); ``persons`` each, records uniform in
+    ``records`` with N(0, 1) noise; one group per person) written as Parquet; the job config of a
+    grouped scale-free mean over them (public key set, L0 = 1) and the exact per-group
+    person-level means."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for g, centre in enumerate(centres):
+        for i, mu in enumerate(centre + rng.normal(0, 1, persons)):
+            for _ in range(int(rng.integers(*records))):
+                rows.append((f"p{g}_{i}", str(g), float(mu + rng.normal(0, 1.0))))
+    pdf = pd.DataFrame(rows, columns=["pid", "grp", "x"])
+    path = str(tmp_path / f"{name}.parquet")
+    pdf.to_parquet(path, index=False)
+    truth = pdf.groupby(["grp", "pid"])["x"].mean().groupby(level=0).mean()
+    cfg = parse_config({
+        "job_name": name, "input": {"path": path, "format": "parquet"}, "privacy_unit": {"column": "pid"},
+        "budget": {"epsilon": epsilon, "delta": 1e-6},
+        "statistics": [{"name": "m", "kind": "mean", "columns": ["x"], "share": 1.0, "group_by": ["grp"],
+                        "max_groups_per_person": 1, "groups": {"keys": [[str(g)] for g in range(len(centres))]}}],
+        "output": {"path": str(tmp_path / "out")}, "ledger": {"enabled": False},
+    })
+    return cfg, truth
+
+
 def test_grouped_mean_pooled_path_joint_stage_production_noise(spark, tmp_path):
     """Ten groups far apart (centres 0, 10, ..., 90; person means sd 1; 600 persons each, 3-6
     records, one group per person) at epsilon 0.4: the groups take the pooled path (600 x 0.27
@@ -179,23 +205,8 @@ def test_grouped_mean_pooled_path_joint_stage_production_noise(spark, tmp_path):
     more than 3 bars 7 times in 40,000 releases (worst 59 bars: a group outside the histogram's
     span, or cut at its end, read as located; one such run failed this test in CI); version 8:
     none, worst 1.9 bars, 99.8% within one bar."""
-    rng = np.random.default_rng(8)
-    rows, G, P = [], 10, 600
-    for g in range(G):
-        for i, mu in enumerate(10.0 * g + rng.normal(0, 1, P)):
-            for _ in range(int(rng.integers(3, 7))):
-                rows.append((f"p{g}_{i}", str(g), float(mu + rng.normal(0, 1.0))))
-    pdf = pd.DataFrame(rows, columns=["pid", "grp", "x"])
-    path = str(tmp_path / "far.parquet")
-    pdf.to_parquet(path, index=False)
-    truth = pdf.groupby(["grp", "pid"])["x"].mean().groupby(level=0).mean()
-    cfg = parse_config({
-        "job_name": "grouped-joint", "input": {"path": path, "format": "parquet"}, "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 0.4, "delta": 1e-6},
-        "statistics": [{"name": "m", "kind": "mean", "columns": ["x"], "share": 1.0, "group_by": ["grp"],
-                        "max_groups_per_person": 1, "groups": {"keys": [[str(g)] for g in range(G)]}}],
-        "output": {"path": str(tmp_path / "out")}, "ledger": {"enabled": False},
-    })
+    G = 10
+    cfg, truth = _one_group_per_person_job(tmp_path, "grouped-joint", [10.0 * g for g in range(G)], 600, (3, 7), 0.4, 8)
     plan = plan_job(cfg)
     within = [c for c in plan.charges if c.stage == "m: all groups: within-group profile"]
     assert len(within) == 1 and within[0].budget.epsilon == pytest.approx(0.4 * 0.3 * 0.2)
@@ -238,23 +249,8 @@ def test_grouped_mean_small_groups_skip_the_histogram_production_noise(spark, tm
     DP count and public grid). Every group is released; a skipping group charged exactly the count
     and the fine stage, summing to its epsilon; at least 80% of the releases lie within their 90% bars of the exact
     per-group person-level mean (numpy twin of the rule: gaussian G = 1e3, coverage 0.98)."""
-    rng = np.random.default_rng(41)
-    rows, G, P = [], 40, 30
-    for g in range(G):
-        for i, mu in enumerate(100.0 + g + rng.normal(0, 1, P)):
-            for _ in range(int(rng.integers(2, 5))):
-                rows.append((f"p{g}_{i}", str(g), float(mu + rng.normal(0, 1.0))))
-    pdf = pd.DataFrame(rows, columns=["pid", "grp", "x"])
-    path = str(tmp_path / "small.parquet")
-    pdf.to_parquet(path, index=False)
-    truth = pdf.groupby(["grp", "pid"])["x"].mean().groupby(level=0).mean()
-    cfg = parse_config({
-        "job_name": "grouped-skip", "input": {"path": path, "format": "parquet"}, "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 1.0, "delta": 1e-6},
-        "statistics": [{"name": "m", "kind": "mean", "columns": ["x"], "share": 1.0, "group_by": ["grp"],
-                        "max_groups_per_person": 1, "groups": {"keys": [[str(g)] for g in range(G)]}}],
-        "output": {"path": str(tmp_path / "out")}, "ledger": {"enabled": False},
-    })
+    G = 40
+    cfg, truth = _one_group_per_person_job(tmp_path, "grouped-skip", [100.0 + g for g in range(G)], 30, (2, 5), 1.0, 41)
     result = run_job(cfg, spark=spark)  # production noise
     assert len(result.rows) == G
     covered = skipped = 0
@@ -265,8 +261,9 @@ def test_grouped_mean_small_groups_skip_the_histogram_production_noise(spark, tm
         assert p["path"] == "pooled clip" and p["locating_histogram"] is True, (g, p)
         stages = [st["stage"] for st in p["stages"]]
         assert sum(st["epsilon"] for st in p["stages"]) == pytest.approx(p["group_epsilon"]), (g, p)
-        eps_a = 0.25 * (p["group_epsilon"] - p["stages"][0]["epsilon"])  # RECENTRE_SHARE of the rest
-        assert p["locating_skipped"] is bool(p["group_noisy_count"] * eps_a < np.log(p["locating_bins"]) + 3.0), (g, p)
+        eps_a = RECENTRE_SHARE * (p["group_epsilon"] - p["stages"][0]["epsilon"])
+        skip_rule = p["group_noisy_count"] * eps_a < np.log(p["locating_bins"]) + LOCATE_PEAK_MARGIN
+        assert p["locating_skipped"] is bool(skip_rule), (g, p)
         if p["locating_skipped"]:
             skipped += 1
             assert stages == ["group count", "fine clip-and-noise"], (g, p)
