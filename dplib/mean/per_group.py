@@ -79,6 +79,7 @@ from dplib.mean.scale_free import (
 from dplib.mean.ranges import DeviationProfile, confirm_isolated_bins, deviation_profile_from_counts, profile_quantile
 from dplib.mean.scale_free_stages import (
     bar_bias,
+    bar_tail,
     INSUFFICIENT_REASON,
     PROFILE_SUB_EDGES,
     SMALL_SUB_EDGES,
@@ -366,11 +367,6 @@ def _insufficient(reason: str, plan: "GroupMeanPlan", params: dict) -> MeanRelea
     return MeanRelease(STATUS_INSUFFICIENT, None, None, ERROR_LEVEL, f"none: {reason}", None, eps, delta, params)
 
 
-def _bar_nu(model) -> float:
-    """The nu an error bar's tail takes beyond the fit (``nu_bar``, or ``nu_lower`` when nan)."""
-    return model.nu_bar if math.isfinite(model.nu_bar) else model.nu_lower
-
-
 def _nan_min(a: float, b: float) -> float:
     """min(a, b) ignoring a nan operand (both nan: nan)."""
     return b if math.isnan(a) else a if math.isnan(b) else min(a, b)
@@ -613,7 +609,7 @@ def group_person_mean(
             # a heavy pooled tail (no histogram): the within profile sees fewer tail bins above its
             # noise and fits lighter; its tail is taken no lighter than the pooled fit's
             w_model = dataclasses.replace(w_model, nu_lower=_nan_min(w_model.nu_lower, s.model.nu_lower),
-                                          nu_bar=_nan_min(_bar_nu(w_model), _bar_nu(s.model)))
+                                          nu_bar=_nan_min(bar_tail(w_model).nu_lower, bar_tail(s.model).nu_lower))
         w_rho = min(balanced_radius(w_model, low, high, n_eps * share_b, u1), RADIUS_REACH * within.reach)
         rho = w_rho if w_rho <= WITHIN_RADIUS_RATIO * pooled_rho else pooled_rho
         if locate and params["located"] and w_rho > pooled_rho:

@@ -97,7 +97,6 @@ from dplib.mean.ranges import (
     magnitude_range_from_counts,
     pure_bucket_count,
     below_top_bucket,
-    top_bucket_start,
     visible_only,
     window_bins,
     window_center_from_counts,
@@ -145,7 +144,6 @@ RANGE_SHARE = 0.04
 RETRY_EXPONENT_RANGE = (-40, 60)
 RETRY_OCTAVES = 2
 RETRY_CONFIRM_BETA = 1e-3
-_RETRY_TOP = top_bucket_start(RETRY_EXPONENT_RANGE, RETRY_OCTAVES)
 RANGE_RETRY_SHARE = 0.10
 #: A second retry, on the coordinates both runs missed (small data: at d = 4, ~1,000 persons with
 #: one coordinate spread over many octaves); 0 turns it off.

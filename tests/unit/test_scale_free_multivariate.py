@@ -410,9 +410,9 @@ def test_retry_top_bucket_boundary(exponent, kept):
     """The retries' top bucket starts at 2^60 (top_bucket_start, from the buckets themselves): a
     coordinate whose persons sit in [2^e, 2^(e+1)) keeps its range for e < 60, gets none from 60."""
     from dplib.mean.ranges import top_bucket_start
-    from dplib.mean.scale_free_multivariate import RETRY_EXPONENT_RANGE, RETRY_OCTAVES, _RETRY_TOP
+    from dplib.mean.scale_free_multivariate import RETRY_EXPONENT_RANGE, RETRY_OCTAVES
 
-    assert _RETRY_TOP == top_bucket_start(RETRY_EXPONENT_RANGE, RETRY_OCTAVES) == 2.0**60
+    assert top_bucket_start(RETRY_EXPONENT_RANGE, RETRY_OCTAVES) == 2.0**60
     y = np.column_stack([5.0 + np.random.default_rng(1).standard_normal(600),
                          np.full(600, 1.5 * 2.0**exponent)])
     acc = Accountant(Budget(EPS, DELTA))
