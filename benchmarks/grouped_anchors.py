@@ -82,13 +82,14 @@ TUMULT_WORKER = HERE / "anchors" / "tumult_grouped_worker.py"
 @dataclass(frozen=True)
 class GCell:
     name: str
-    source: str  # "flights" | "gaussian" | "lomax1.5"
+    source: str  # "flights" | "gaussian" | "lomax1.5" | "uniform40" (integers 0..39, no group centres)
     l0: int
     by: tuple[str, ...] = ()  # flights: the group_by columns
     n_groups: int = 0  # synthetic
     persons: int = 0  # synthetic
     seeds: int | None = None  # None: --seeds
     tumult_seeds: int | None = None  # None: the cell's seeds
+    kmax: int = 20  # synthetic: groups per person drawn from 1..min(kmax, n_groups)
 
     @property
     def light_tailed(self) -> bool:
@@ -108,6 +109,9 @@ CELLS = [
     GCell("gaussian G=1e3", "gaussian", 5, n_groups=1_000, persons=30_000, seeds=10),
     GCell("lomax1.5 G=1e3", "lomax1.5", 5, n_groups=1_000, persons=30_000, seeds=10),
     GCell("gaussian G=1e5", "gaussian", 5, n_groups=100_000, persons=100_000, seeds=1),
+    # small, spread data: 600 persons in one of 3 groups, person means on the integers 0..39 (five
+    # octaves: before the shared stages' pooled retry every group was INSUFFICIENT_DATA)
+    GCell("uniform0-39 G=3 n=600", "uniform40", 1, n_groups=3, persons=600, kmax=1),
 ]
 #: flights cells of the side table (ours with groups: {select: private})
 PRIVATE_SELECTION = ("flights origin", "flights carrier", "flights month x origin L0=12")
@@ -153,14 +157,18 @@ def centres(cell: GCell) -> np.ndarray:
 def synthetic_data(cell: GCell, seed: int) -> Data:
     rng = np.random.default_rng([2026, cell.key(), seed])
     G, n = cell.n_groups, cell.persons
-    kmax = min(20, G)
+    kmax = min(cell.kmax, G)
     k = rng.integers(1, kmax + 1, n)
     person = np.repeat(np.arange(n, dtype=np.int64), k)
     if G <= 64:  # a uniform k-subset per person: the first k of a random permutation
         perm = np.argsort(rng.random((n, G)), axis=1)
-        group = perm[np.arange(kmax)[None, :] < k[:, None]]
+        group = perm[np.arange(G)[None, :] < k[:, None]]
     else:
         group = np.concatenate([rng.choice(G, int(kk), replace=False) for kk in k]).astype(np.int64)
+    if cell.source == "uniform40":
+        value = rng.integers(0, 40, person.size).astype(np.float64)
+        return Data(person, group.astype(np.int64), value, [(f"g{i}",) for i in range(G)],
+                    {"persons": n, "rows": int(person.size)})
     if cell.source == "gaussian":
         noise = rng.standard_normal(person.size)
     else:

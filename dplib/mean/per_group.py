@@ -13,6 +13,8 @@ grouped input), and each group spends its budget where it pays:
  S    shared: range, centre,         SHARED_SHARE of  the scale-free stages 1-3 of
       deviation profile (pooled)     the statistic    :mod:`dplib.mean.scale_free` on the pooled
                                                       persons -> pooled centre c0, tail model
+                                                      (small data: the pooled retry, out of the
+                                                      profile's share; the profile takes W's)
  1    group count                    COUNT_SHARE      Laplace on the group's persons -> n~
  2a   n~ x eps >= OWN_STAGES_N_EPS:  the rest         the group's own centre, profile, balance and
       own stages                                      clip-and-noise (range: the shared one); the
@@ -71,6 +73,8 @@ from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import DEFAULT_EXPONENT_RANGE, MagnitudeRange, check_exponent_range
 from dplib.mean.scale_free import (
     RADIUS_REACH,
+    SMALL_RADIUS_NU,
+    SMALL_REACH,
     ScaleFreeMeanPlan,
     SharedRange,
     balanced_radius,
@@ -80,6 +84,7 @@ from dplib.mean.ranges import DeviationProfile, confirm_isolated_bins, deviation
 from dplib.mean.scale_free_stages import (
     bar_bias,
     bar_tail,
+    point_tail,
     INSUFFICIENT_REASON,
     PROFILE_SUB_EDGES,
     SMALL_SUB_EDGES,
@@ -105,6 +110,14 @@ from dplib.seam import Aggregates
 #: Share of a grouped mean's budget (after any private key selection) spent once, on the pooled
 #: persons, on the shared stages.
 SHARED_SHARE = 0.3
+#: The shared stages' pooled range retry (a third, pure run with 4-octave buckets when the first two
+#: released nothing), out of the profile's share when it runs (no final stage absorbs it here).
+#: Before it, a grouped mean on a few hundred persons spread over several octaves released nothing:
+#: persons on the integers 0..39 in 3 groups, 40 seeds, every group INSUFFICIENT_DATA at 600 and
+#: 300 persons (epsilon 1) and 1,200 (epsilon 0.3, 0.5). Share 0.20 / 0.30 (small data: profile
+#: 0.40 / 0.30 after it): 300 persons at epsilon 1 released 53% / 100% of groups, |error| median
+#: 0.85 / 0.64; 600 persons 0.44 / 0.38; 1,200 at 0.3 95% / 100%, 0.55 / 0.55.
+SHARED_RETRY2_SHARE = 0.30
 #: The shared stages' shares of SHARED_SHARE: range 10% (+15% retry, only on small data), centre
 #: 15%, profile 40% (pooled data holds every person: the profile is the stage that pays), and the
 #: within-group profile WITHIN_SHARE (20%). Measured with the within-group profile (grouped_anchors,
@@ -112,11 +125,17 @@ SHARED_SHARE = 0.3
 #: 0.817 -> 0.782, month x origin (L0 = 12) 2.51 -> 2.44, Gaussian G = 10 0.081 -> 0.080, Lomax
 #: 0.50 -> 0.51; 0.20 / 0.40 / 0.15 in between.
 SHARED_STAGE_SHARES = StageShares(range=0.10, range_retry=0.15, centre=0.15, profile=0.40, balance=0.0, boost=1.0,
-                                  centre_boost=1.0,
+                                  centre_boost=1.0, range_retry2=SHARED_RETRY2_SHARE, retry2_from_profile=True,
                                   final=False)
 #: Share of SHARED_SHARE spent on the within-group profile (a joint stage after the pooled-path
 #: groups' re-centring: |Y - m1_g| over every person's first kept group, one noisy histogram).
 WITHIN_SHARE = 0.20
+#: Small pooled data (the shared range needed its retry): no within-group profile is offered and
+#: its share goes to the pooled profile (x (0.40 + 0.20) / 0.40), less the pooled retry's when that
+#: ran. With the profile at 0.10 (a 0.30 pooled retry out of 0.40) 300 persons on 0..39 at epsilon 1
+#: saw no profile bin above the noise (radius 4 around 20, bars covering 78%).
+SHARED_RUN_SHARES = dataclasses.replace(SHARED_STAGE_SHARES, boost=(SHARED_STAGE_SHARES.profile + WITHIN_SHARE)
+                                        / SHARED_STAGE_SHARES.profile)
 JOINT_WITHIN = "within-group profile"
 STAGE_WITHIN = "within-group profile"
 #: A pooled-path group clips at the within-group profile's radius only when that radius is at most
@@ -148,7 +167,7 @@ OWN_STAGES_N_EPS = 300.0
 #: numbers, 2,000 the same as 1,000; pooled-path cells unchanged.
 SMALL_N_EPS = 1000.0
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free-per-group"
-ALGORITHM_VERSION = "8"  # 8: the locating histogram spans the pooled profile's reach (not only the first radius), counts values beyond it in its end bins and claims nothing when its window runs into a held end bin; a group it does not locate clips around the pooled centre at the pooled radius, stays out of the within-group profile, and its bar adds the offset the radius cannot absorb; a group whose noisy persons x the histogram's epsilon are below ln(bins) + LOCATE_PEAK_MARGIN (it could not claim even with all of them in one bin) skips it and gives its share to the fine stage (gaussian G = 1e3: 0.852 -> 0.737); a located group's radius and bar take the within-group tail where heavier than the pooled one, a located group whose fine deviation exceeds u1 plus its noise is flagged (bulk_off_mean), and on a heavy pooled fit the within tail is taken no lighter than the pooled (overlapping Lomax 1.5 groups, 20 seeds: unflagged finite bars missing 100 -> 33, |error| 0.49 -> 0.46; benchmark Lomax G = 10 0.537 -> 0.48); version 8 is all of stop 41's changes (far-apart groups, numpy twin of the Spark test, 4,000 seeds x 10 groups: releases beyond 3 of their bars 7 -> 0, worst 59 -> 1.9 bars; Gaussian G = 10 / 1e3 unchanged); the window grows over bins at 3 noise scales (was 2: three noise bins in a row pulled a rough mean 7 sd off); 7: the shared stages retry a range of only the zero bucket (3-octave buckets) and widen a zero-bucket window to released non-zero buckets (scale-free mean version 8); 6: the locating histogram (light pooled tails); 5: the joint within-group profile (shares 10/15/15/40/20); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
+ALGORITHM_VERSION = "9"  # 9: the shared stages run a pooled third range run (pure, 4-octave buckets; 30% of the shared share, out of the profile's) when the first two release nothing, and on small data (after the retry) give the within-group profile's share to the pooled profile; the pooled path on small shared data takes its radii from the point fit capped at 2x the reach (as the scale-free mean's small-data path): 600 persons on 0..39 in 3 groups at epsilon 1, 40 seeds: INSUFFICIENT_DATA for every group -> all released, |error| median 0.38, bars covering 100% (a clamped mean at the true bounds: 0.16); 1,200 persons at epsilon 0.3 / 0.5: 0.55 / 0.38; 300 at 1: 0.64; benchmarked cells unchanged (their shared range needs no retry); 8: the locating histogram spans the pooled profile's reach (not only the first radius), counts values beyond it in its end bins and claims nothing when its window runs into a held end bin; a group it does not locate clips around the pooled centre at the pooled radius, stays out of the within-group profile, and its bar adds the offset the radius cannot absorb; a group whose noisy persons x the histogram's epsilon are below ln(bins) + LOCATE_PEAK_MARGIN (it could not claim even with all of them in one bin) skips it and gives its share to the fine stage (gaussian G = 1e3: 0.852 -> 0.737); a located group's radius and bar take the within-group tail where heavier than the pooled one, a located group whose fine deviation exceeds u1 plus its noise is flagged (bulk_off_mean), and on a heavy pooled fit the within tail is taken no lighter than the pooled (overlapping Lomax 1.5 groups, 20 seeds: unflagged finite bars missing 100 -> 33, |error| 0.49 -> 0.46; benchmark Lomax G = 10 0.537 -> 0.48); version 8 is all of stop 41's changes (far-apart groups, numpy twin of the Spark test, 4,000 seeds x 10 groups: releases beyond 3 of their bars 7 -> 0, worst 59 -> 1.9 bars; Gaussian G = 10 / 1e3 unchanged); the window grows over bins at 3 noise scales (was 2: three noise bins in a row pulled a rough mean 7 sd off); 7: the shared stages retry a range of only the zero bucket (3-octave buckets) and widen a zero-bucket window to released non-zero buckets (scale-free mean version 8); 6: the locating histogram (light pooled tails); 5: the joint within-group profile (shares 10/15/15/40/20); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 #: Pooled path: share of the group's rest spent on its first step (the locating histogram, or the
 #: clip-and-noise around the pooled centre), whose rough mean re-centres the fine clip on the group.
 RECENTRE_SHARE = 0.25
@@ -222,11 +241,17 @@ class SharedScalePlan:
         check_exponent_range(self.exponent_range)
 
     def charges(self, prefix: str = "") -> list[Charge]:
-        """Range, its retry, centre and profile (the largest shares; the retry only if it runs),
-        and the within-group profile (charged only if some group takes the pooled path with the
+        """Range, its retry, centre and profile (the largest shares; the retry only if it runs;
+        the pooled retry, when it runs, is charged out of the profile's share), and the
+        within-group profile (charged only if some group takes the pooled path with the
         joint stage on offer and asks it -- a light-tailed group the locating histogram did not
         locate does not: if none asks, or under ``shared_scale(..., joint_within=False)``, its share
         is planned and left unspent)."""
+        return SHARED_STAGE_SHARES.largest_path(self.stage_charges(prefix))
+
+    def stage_charges(self, prefix: str = "") -> list[Charge]:
+        """:meth:`charges` and the pooled range retry (its largest share: it runs only when the
+        first two range runs released nothing, and then takes its share out of the profile's)."""
         return SHARED_STAGE_SHARES.early_charges(self.budget, prefix, self.group) + [
             Charge(f"{prefix}{STAGE_WITHIN}", Budget(self.budget.epsilon * WITHIN_SHARE, 0.0), self.group)]
 
@@ -240,6 +265,7 @@ class SharedScale:
     retried: bool
     setup: ScaleFreeSetup | None
     within: bool = False  # a joint within-group profile stage is on offer (grouped runs only)
+    pooled_retry: bool = False  # the pooled (third) range run ran
 
 
 def shared_scale(
@@ -254,15 +280,18 @@ def shared_scale(
 
     Privacy: as stages 1-3 of :func:`~dplib.mean.scale_free.scale_free_person_mean` on persons
     with one value each: (sum of the stages' epsilons, delta)-DP."""
-    charges = {c.stage[len(stage_prefix):]: c for c in plan.charges(stage_prefix)}
-    accountant.check(list(charges.values()))
+    charges = {c.stage[len(stage_prefix):]: c for c in plan.stage_charges(stage_prefix)}
+    accountant.check(plan.charges(stage_prefix))
     params: dict = {}
-    setup = scale_free_stages(backend, column, plan, SHARED_STAGE_SHARES, stage_charger(accountant, charges), noise,
+    setup = scale_free_stages(backend, column, plan, SHARED_RUN_SHARES, stage_charger(accountant, charges), noise,
                               params)
     if setup is None:
-        return SharedScale(None, bool(params.get("range_retried")), None)
+        return SharedScale(None, bool(params.get("range_retried")), None,
+                           pooled_retry="range_pooled_retry" in params)
     rng = MagnitudeRange(setup.lower, setup.upper, setup.n_hat)
-    return SharedScale(rng, setup.retried, setup, within=bool(joint_within))
+    # small data: the within-group profile's share went to the pooled profile (none is offered)
+    return SharedScale(rng, setup.retried, setup, within=bool(joint_within) and not setup.small,
+                       pooled_retry="range_pooled_retry" in params)
 
 
 @dataclass(frozen=True)
@@ -530,7 +559,8 @@ def group_person_mean(
     charges = {c.stage[len(stage_prefix):]: c for c in plan.charges(stage_prefix)}
     accountant.check(list(charges.values()))
     start = len(accountant.charges)
-    params = plan.describe()
+    params = {**plan.describe(), "shared_range_retried": bool(shared.retried),
+              "shared_pooled_retry": bool(shared.pooled_retry)}
     if shared.setup is None:
         return _insufficient(INSUFFICIENT_REASON + " (the range shared by all groups)", plan, params)
     charge = stage_charger(accountant, charges)
@@ -556,8 +586,13 @@ def group_person_mean(
     s = shared.setup
     low, high = min(s.bin_width / 4.0, s.high / 2.0), 2.0 * s.high
     n_eps = max(n_noisy, 1.0) * eps_rest
-    reach = RADIUS_REACH * s.reach
-    rho_a = min(balanced_radius(s.model, low, high, n_eps * RECENTRE_SHARE, s.centre_error), reach)
+    # small pooled data (the shared range needed its retry): radii from the point fit of the tail,
+    # capped at SMALL_REACH x the reach, as the scale-free mean's small-data path (a few measured
+    # octave bins leave the fit's lower bound near 2: 600 persons uniform on 0..39 clipped at ~100
+    # around 20); the bars keep the conservative model
+    radius_model = point_tail(s, SMALL_RADIUS_NU) if s.small else s.model
+    reach = (SMALL_REACH if s.small else RADIUS_REACH) * s.reach
+    rho_a = min(balanced_radius(radius_model, low, high, n_eps * RECENTRE_SHARE, s.centre_error), reach)
     b_a = Budget(eps_rest * RECENTRE_SHARE, 0.0)
     locate = s.fitted_nu >= LOCATE_MIN_NU
     bulk = profile_quantile(s.profile, 0.5, floored=True)
@@ -596,7 +631,7 @@ def group_person_mean(
     # the spread about each group's own centre) when that radius is at most WITHIN_RADIUS_RATIO of
     # the pooled one: groups far apart relative to their own spread
     share_b = eps_b / eps_rest
-    pooled_rho = min(balanced_radius(s.model, low, high, n_eps * share_b, max(u1, s.centre_error)), reach)
+    pooled_rho = min(balanced_radius(radius_model, low, high, n_eps * share_b, max(u1, s.centre_error)), reach)
     # (a group the histogram did not locate does not ask: its persons' distances from the pooled
     # centre are not a spread about its own centre)
     asks = shared.within and not (locate and not params["located"])

@@ -175,6 +175,9 @@ class StageShares:
     centre_boost: float = SMALL_CENTRE_BOOST
     #: False: no final stage follows (a shared stage of a grouped mean): the shares may sum to 1.
     final: bool = True
+    #: True: the pooled retry's share, when it runs, comes out of the profile's (no final stage
+    #: absorbs it: the shared stages of a grouped mean); its largest share is then the profile's.
+    retry2_from_profile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("range", "range_retry", "range_retry2", "centre", "profile", "balance"):
@@ -187,20 +190,30 @@ class StageShares:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 1.0):
                 raise InvalidParameterError(f"{name} must be >= 1, got {v!r}")
+        if self.retry2_from_profile and not self.range_retry2 < self.profile:
+            raise InvalidParameterError("a pooled retry taken out of the profile's share must be smaller than it")
         if not (self.final_share > 0 or (not self.final and self.final_share > -1e-12)):
             raise InvalidParameterError("the largest early shares must sum to less than 1")
 
     @property
     def final_share(self) -> float:
         """The final stage's nominal share: 1 minus the largest early shares (after a retry)."""
-        return (1.0 - self.range - self.range_retry - self.range_retry2 - self.centre * self.centre_boost
+        retry2 = 0.0 if self.retry2_from_profile else self.range_retry2
+        return (1.0 - self.range - self.range_retry - retry2 - self.centre * self.centre_boost
                 - self.profile * self.boost - self.balance)
+
+    def profile_share(self, small: bool, retried_twice: bool) -> float:
+        """The profile's share on this path: boosted on small data, less the pooled retry's when
+        that ran and :attr:`retry2_from_profile`."""
+        share = self.profile * (self.boost if small else 1.0)
+        return share - self.range_retry2 if (retried_twice and self.retry2_from_profile) else share
 
     def early_charges(self, budget: Budget, prefix: str, group: GroupRange, shared_range: bool = False) -> list[Charge]:
         """Nominal charges of the early stages, in order (largest shares; delta split evenly
         between the range and its retry; the tail balance only when its share is > 0).
         ``shared_range``: the range stages are a shared plan's (a group of a ``group_by``
-        statistic), not listed here."""
+        statistic), not listed here. With :attr:`retry2_from_profile` the pooled retry is listed
+        and the largest path is the profile's share without it (:meth:`largest_path`)."""
         eps, delta = budget.epsilon, budget.delta
         ranges = [] if shared_range else [
             (STAGE_RANGE, self.range, delta / 2.0),
@@ -213,6 +226,13 @@ class StageShares:
         if self.balance > 0:
             parts.append((STAGE_BALANCE, self.balance, 0.0))
         return [Charge(f"{prefix}{name}", Budget(eps * share, d), group) for name, share, d in parts]
+
+    def largest_path(self, charges: list[Charge]) -> list[Charge]:
+        """The charges of :meth:`early_charges` that can all be spent in one run: all of them,
+        except the pooled retry when it is taken out of the profile's share."""
+        if not self.retry2_from_profile:
+            return list(charges)
+        return [c for c in charges if not c.stage.endswith(STAGE_RANGE_RETRY2)]
 
 
 #: The scale-free mean's shares (with the pooled retry: jtrain's firms, 126-155 persons per column
@@ -502,6 +522,7 @@ def scale_free_stages(
         # the retry also runs when the first run saw only persons at exactly 0 (a zero-inflated
         # column: the others, if any, too few for its share; a DP outcome)
         retried = rng_out is None or rng_out.zero_atom
+    retried_twice = False
     if retried and not shared:
         b = charge(STAGE_RANGE_RETRY)
         first = rng_out
@@ -530,6 +551,7 @@ def scale_free_stages(
             if rng_out is not None and rng_out.zero_atom:
                 rng_out = None
             params["range_pooled_retry"] = rng_out is not None
+            retried_twice = True
     if rng_out is None:
         params["range_retried"] = retried
         return None
@@ -540,7 +562,6 @@ def scale_free_stages(
     # Small data (the retry ran, or the caller's DP count says so): the centre and the profile get
     # larger shares (chosen from a DP outcome, within the fixed total) and coarser bins.
     small = retried if small is None else bool(small)
-    boost = shares.boost if small else 1.0
 
     # 2. centre
     b_centre = charge(STAGE_CENTRE, eps_total * shares.centre * (shares.centre_boost if small else 1.0))
@@ -551,7 +572,7 @@ def scale_free_stages(
     params.update({"coarse_center": center, "bin_width": bin_width})
 
     # 3. deviation profile -> tail model
-    b_profile = charge(STAGE_PROFILE, eps_total * shares.profile * boost)
+    b_profile = charge(STAGE_PROFILE, eps_total * shares.profile_share(small, retried_twice))
     # a total map of the DP range into finite spans (post-processing): no overflow to inf
     sub_edges = SMALL_SUB_EDGES if small else PROFILE_SUB_EDGES
     low = max(width * 2.0**-(SMALL_OCTAVES_BELOW if small else PROFILE_OCTAVES_BELOW), 1e-300)

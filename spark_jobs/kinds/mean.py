@@ -207,7 +207,8 @@ class MeanKind(StatisticKind):
         if isinstance(plan, GroupMeanPlan):
             cap = "" if plan.k is None else f", tail nu capped at k={plan.k:g}"
             return (f"  {name}: scale-free, range, centre and deviation profile found once for all groups on one "
-                    f"value per person, with the within-group profile below ({SHARED_SHARE:.0%} of the epsilon); per group: {COUNT_SHARE:.0%} noisy "
+                    f"value per person, with the within-group profile below ({SHARED_SHARE:.0%} of the epsilon; on "
+                    f"small data a pooled range retry out of the profile's share); per group: {COUNT_SHARE:.0%} noisy "
                     f"count, then its own centre and profile if noisy persons x epsilon >= {OWN_STAGES_N_EPS:g}, "
                     f"else a clip-and-noise around the pooled centre and one around the group's rough mean, its "
                     f"radius from a within-group profile shared by those groups when much tighter than the "
