@@ -167,7 +167,7 @@ OWN_STAGES_N_EPS = 300.0
 #: numbers, 2,000 the same as 1,000; pooled-path cells unchanged.
 SMALL_N_EPS = 1000.0
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free-per-group"
-ALGORITHM_VERSION = "9"  # 9: the shared stages run a pooled third range run (pure, 4-octave buckets; 30% of the shared share, out of the profile's) when the first two release nothing, and on small data (after the retry) give the within-group profile's share to the pooled profile; the pooled path on small shared data takes its radii from the point fit capped at 2x the reach (as the scale-free mean's small-data path): 600 persons on 0..39 in 3 groups at epsilon 1, 40 seeds: INSUFFICIENT_DATA for every group -> all released, |error| median 0.38, bars covering 100% (a clamped mean at the true bounds: 0.16); 1,200 persons at epsilon 0.3 / 0.5: 0.55 / 0.38; 300 at 1: 0.64; benchmarked cells unchanged (their shared range needs no retry); 8: the locating histogram spans the pooled profile's reach (not only the first radius), counts values beyond it in its end bins and claims nothing when its window runs into a held end bin; a group it does not locate clips around the pooled centre at the pooled radius, stays out of the within-group profile, and its bar adds the offset the radius cannot absorb; a group whose noisy persons x the histogram's epsilon are below ln(bins) + LOCATE_PEAK_MARGIN (it could not claim even with all of them in one bin) skips it and gives its share to the fine stage (gaussian G = 1e3: 0.852 -> 0.737); a located group's radius and bar take the within-group tail where heavier than the pooled one, a located group whose fine deviation exceeds u1 plus its noise is flagged (bulk_off_mean), and on a heavy pooled fit the within tail is taken no lighter than the pooled (overlapping Lomax 1.5 groups, 20 seeds: unflagged finite bars missing 100 -> 33, |error| 0.49 -> 0.46; benchmark Lomax G = 10 0.537 -> 0.48); version 8 is all of stop 41's changes (far-apart groups, numpy twin of the Spark test, 4,000 seeds x 10 groups: releases beyond 3 of their bars 7 -> 0, worst 59 -> 1.9 bars; Gaussian G = 10 / 1e3 unchanged); the window grows over bins at 3 noise scales (was 2: three noise bins in a row pulled a rough mean 7 sd off); 7: the shared stages retry a range of only the zero bucket (3-octave buckets) and widen a zero-bucket window to released non-zero buckets (scale-free mean version 8); 6: the locating histogram (light pooled tails); 5: the joint within-group profile (shares 10/15/15/40/20); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
+ALGORITHM_VERSION = "9"  # 9: the shared stages run a pooled third range run (pure, 4-octave buckets; 30% of the shared share, out of the profile's) when the first two release nothing, and on small data (after the retry) give the within-group profile's share to the pooled profile; the pooled path on small shared data takes its radii from the point fit capped at 2x the larger of the reach and the centre's bin width (as the scale-free mean's small-data path, which own-stages groups on the small path take too): 600 persons on 0..39 in 3 groups at epsilon 1, 40 seeds: INSUFFICIENT_DATA for every group -> all released, |error| median 0.38, bars covering 100% (a clamped mean at the true bounds: 0.16); 1,200 persons at epsilon 0.3 / 0.5: 0.55 / 0.38; 300 at 1: 0.64; benchmarked cells unchanged (their shared range needs no retry); 8: the locating histogram spans the pooled profile's reach (not only the first radius), counts values beyond it in its end bins and claims nothing when its window runs into a held end bin; a group it does not locate clips around the pooled centre at the pooled radius, stays out of the within-group profile, and its bar adds the offset the radius cannot absorb; a group whose noisy persons x the histogram's epsilon are below ln(bins) + LOCATE_PEAK_MARGIN (it could not claim even with all of them in one bin) skips it and gives its share to the fine stage (gaussian G = 1e3: 0.852 -> 0.737); a located group's radius and bar take the within-group tail where heavier than the pooled one, a located group whose fine deviation exceeds u1 plus its noise is flagged (bulk_off_mean), and on a heavy pooled fit the within tail is taken no lighter than the pooled (overlapping Lomax 1.5 groups, 20 seeds: unflagged finite bars missing 100 -> 33, |error| 0.49 -> 0.46; benchmark Lomax G = 10 0.537 -> 0.48); version 8 is all of stop 41's changes (far-apart groups, numpy twin of the Spark test, 4,000 seeds x 10 groups: releases beyond 3 of their bars 7 -> 0, worst 59 -> 1.9 bars; Gaussian G = 10 / 1e3 unchanged); the window grows over bins at 3 noise scales (was 2: three noise bins in a row pulled a rough mean 7 sd off); 7: the shared stages retry a range of only the zero bucket (3-octave buckets) and widen a zero-bucket window to released non-zero buckets (scale-free mean version 8); 6: the locating histogram (light pooled tails); 5: the joint within-group profile (shares 10/15/15/40/20); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 #: Pooled path: share of the group's rest spent on its first step (the locating histogram, or the
 #: clip-and-noise around the pooled centre), whose rough mean re-centres the fine clip on the group.
 RECENTRE_SHARE = 0.25
@@ -242,8 +242,9 @@ class SharedScalePlan:
 
     def charges(self, prefix: str = "") -> list[Charge]:
         """Range, its retry, centre and profile (the largest shares; the retry only if it runs;
-        the pooled retry, when it runs, is charged out of the profile's share), and the
-        within-group profile (charged only if some group takes the pooled path with the
+        the pooled retry, when it runs, is charged out of the profile's share; on small data,
+        after the retry, the profile also takes the within-group profile's share, which is then
+        not offered), and the within-group profile (charged only if some group takes the pooled path with the
         joint stage on offer and asks it -- a light-tailed group the locating histogram did not
         locate does not: if none asks, or under ``shared_scale(..., joint_within=False)``, its share
         is planned and left unspent)."""
@@ -327,6 +328,10 @@ def within_profile(
     s = shared.setup
     if s is None:
         raise InvalidParameterError("the within-group profile needs the shared stages' setup")
+    if not shared.within:
+        # small data (its share went to the pooled profile) or not offered: charging it would
+        # spend beyond the shared plan
+        raise InvalidParameterError("the within-group profile was not offered by the shared stages")
     sub_edges = SMALL_SUB_EDGES if s.small else PROFILE_SUB_EDGES
     charges = {c.stage[len(stage_prefix):]: c for c in plan.charges(stage_prefix)}
     b = stage_charger(accountant, charges)(STAGE_WITHIN)
@@ -587,11 +592,11 @@ def group_person_mean(
     low, high = min(s.bin_width / 4.0, s.high / 2.0), 2.0 * s.high
     n_eps = max(n_noisy, 1.0) * eps_rest
     # small pooled data (the shared range needed its retry): radii from the point fit of the tail,
-    # capped at SMALL_REACH x the reach, as the scale-free mean's small-data path (a few measured
-    # octave bins leave the fit's lower bound near 2: 600 persons uniform on 0..39 clipped at ~100
-    # around 20); the bars keep the conservative model
+    # capped at SMALL_REACH x the larger of the reach and the centre's bin width, as the scale-free
+    # mean's small-data path (a few measured octave bins leave the fit's lower bound near 2: 600
+    # persons uniform on 0..39 clipped at ~100 around 20); the bars keep the conservative model
     radius_model = point_tail(s, SMALL_RADIUS_NU) if s.small else s.model
-    reach = (SMALL_REACH if s.small else RADIUS_REACH) * s.reach
+    reach = SMALL_REACH * max(s.reach, s.bin_width) if s.small else RADIUS_REACH * s.reach
     rho_a = min(balanced_radius(radius_model, low, high, n_eps * RECENTRE_SHARE, s.centre_error), reach)
     b_a = Budget(eps_rest * RECENTRE_SHARE, 0.0)
     locate = s.fitted_nu >= LOCATE_MIN_NU

@@ -28,7 +28,7 @@ only the zero bucket, and a third time (the pooled retry: pure, 4-octave buckets
 released a bucket (a DP
 outcome: too few persons for the small share; "small data": then the centre window is the range
 and one bin each side, the profile has octave bins, the radius comes from the point fit of the tail
-capped at ``SMALL_REACH`` times the reach, and a fit that cannot confirm a light tail sets the flag); stage 3b runs only when the tail fitted to stage 3
+capped at ``SMALL_REACH`` times the larger of the reach and the centre's bin width, and a fit that cannot confirm a light tail sets the flag); stage 3b runs only when the tail fitted to stage 3
 is light (``nu >= LIGHT_NU``, a DP outcome), else its share goes to stage 4. The shares are thus chosen adaptively from
 earlier DP outputs under a fixed total; the statistic never spends more than its (epsilon, delta)
 (basic composition with adaptively chosen parameters whose sum is bounded: a privacy filter,

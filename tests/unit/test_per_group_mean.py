@@ -324,32 +324,46 @@ def _spread(n, seed=0):
 
 
 @pytest.mark.parametrize("n,eps,twice", [(600, 0.3, True), (20_000, 0.3, False)])
-def test_shared_stages_charge_within_their_plan_on_every_path(n, eps, twice):
+def test_shared_stages_charge_within_their_plan_with_and_without_the_pooled_retry(n, eps, twice):
     """The pooled retry, when it runs, is charged out of the profile's share (and on small data the
-    within-group profile's share goes to the profile and none is offered): on every path the
-    charged total is at most the plan's, which lists each stage once at its largest share."""
-    from dplib.mean.per_group import SHARED_RETRY2_SHARE, SHARED_STAGE_SHARES, WITHIN_SHARE
+    within-group profile's share goes to the profile, and that stage is refused); on large data the
+    within-group profile is charged after the shared stages. Either way the charged total is at
+    most the plan's, which lists each stage once at its largest share (the accountant's limit is
+    the plan's budget: an overspend raises)."""
+    from dplib.mean.per_group import SHARED_RETRY2_SHARE, SHARED_STAGE_SHARES, WITHIN_SHARE, within_profile
     from dplib.mean.scale_free_stages import STAGE_PROFILE, STAGE_RANGE_RETRY2
+    from spark_jobs.grouping import NumpyGroupedInput, key_json
 
     plan = SharedScalePlan(Budget(eps, 1e-6))
     acc = Accountant(plan.budget)
-    shared = shared_scale(_agg(_spread(n)), "v", plan, SeededNoise(11), acc, joint_within=True)
+    v = _spread(n)
+    shared = shared_scale(_agg(v), "v", plan, SeededNoise(11), acc, joint_within=True)
     planned, _ = composed_cost(plan.charges())
-    spent, delta = composed_cost(acc.charges)
-    assert planned == pytest.approx(eps) and spent <= planned * (1 + 1e-12) and delta <= 1e-6
+    assert planned == pytest.approx(eps)
     assert STAGE_RANGE_RETRY2 not in {c.stage for c in plan.charges()}  # inside the profile's share
     by_stage = {c.stage: c.budget.epsilon for c in acc.charges}
     assert (STAGE_RANGE_RETRY2 in by_stage) is twice
     assert shared.setup is not None  # before the pooled retry: nothing for 600 persons at 0.3
+    keys = [key_json([k]) for k in "ABC"]
+    src = NumpyGroupedInput([f"p{i}" for i in range(n)], [keys[i % 3] for i in range(n)], {"v": v}, "cd" * 32, 1,
+                            public=keys)
+    centres = {0: 10.0, 1: 20.0, 2: 30.0}
     if twice:
         assert shared.setup.small and not shared.within  # the within share went to the profile
         assert by_stage[STAGE_RANGE_RETRY2] == pytest.approx(eps * SHARED_RETRY2_SHARE)
         assert by_stage[STAGE_PROFILE] == pytest.approx(
             eps * (SHARED_STAGE_SHARES.profile + WITHIN_SHARE - SHARED_RETRY2_SHARE))
-        assert spent == pytest.approx(eps)  # range, retry, pooled retry, centre, profile: all of it
+        with pytest.raises(InvalidParameterError, match="not offered"):
+            within_profile(src.backend(None, first_only=True), "v", centres, plan, shared, SeededNoise(12), acc)
     else:
         assert not shared.setup.small and shared.within
         assert by_stage[STAGE_PROFILE] == pytest.approx(eps * SHARED_STAGE_SHARES.profile)
+        within_profile(src.backend(None, first_only=True), "v", centres, plan, shared, SeededNoise(12), acc)
+        assert acc.charges[-1].budget.epsilon == pytest.approx(eps * WITHIN_SHARE)
+    spent, delta = composed_cost(acc.charges)
+    assert spent <= planned * (1 + 1e-12) and delta <= 1e-6
+    if twice:  # range, retry, pooled retry, centre, profile: all of it
+        assert spent == pytest.approx(eps)
 
 
 def test_spread_small_data_releases_every_group_with_honest_bars():
