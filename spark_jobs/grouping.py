@@ -7,6 +7,10 @@ aggregation). Its budget (the statistic's share of the job's) is spent as follow
 - ``groups: {select: private}``: ``selection_share`` of it on Laplace partition selection over
   the keys present in the data (:mod:`dplib.partitions`; per key (eps/L0, delta/L0)), before any
   per-group stage; only the released keys get rows.
+- ``L0_CHECK_SHARE`` of it on one Laplace release of (persons holding more than L0 groups,
+  persons), sensitivity 2: a DP check of the L0 bound's truncation, reported in every group's
+  parameters (``l0_over_persons``, ``l0_over_share``) and flagged (``l0_truncated``) when it
+  stands clear of the noise; a truncated group's statistic is over the kept (person, group) pairs.
 - The rest is split evenly over the L0 bound: each group's estimator runs with
   ``budget * (1 - selection_share) / L0`` (every one of its stages, as the ungrouped kind's plan
   says, on that group's persons). A person contributes to at most L0 groups (the keyed-hash
@@ -24,16 +28,29 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+
+import numpy as np
 from typing import Any, Callable
 
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.grouped import GroupedAggregates, run_per_group
+from dplib.mechanisms import laplace_mechanism
 from dplib.partitions import ALGORITHM as SELECTION_ALGORITHM
 from dplib.partitions import PartitionSelectionPlan, select_partitions
 from spark_jobs.kinds import Release, RunContext, StatisticConfigBase, kind_of
 from spark_jobs.kinds.base import StatisticKind, per_group_statistic
 
 log = logging.getLogger("person_dp.grouping")
+
+#: Share of a grouped statistic's epsilon spent on the L0 check: Laplace on (persons holding more
+#: than L0 of the statistic's groups, persons), l1 sensitivity 2 (one person is in the second count
+#: and perhaps the first). Flagged when the noisy first count reaches L0_CHECK_SCALES noise scales
+#: (a false flag when nobody is truncated: P(Laplace > 3 scales) = exp(-3) / 2 = 2.5%). Before it
+#: a grouped count's bar claimed "the exact number of persons" and covered 0 of 60 group releases
+#: of the all-persons count where L0 truncated (benchmarks/results/grouped_anchors.md).
+L0_CHECK_SHARE = 0.02
+L0_CHECK_SCALES = 3.0
+STAGE_L0_CHECK = "all groups: persons beyond the L0 bound"
 
 
 @dataclass(frozen=True)
@@ -48,9 +65,11 @@ class GroupedPlan:
     selection: PartitionSelectionPlan | None
     group_budget: Budget
     group_share: float
+    l0_check: Budget | None = None
 
     def charges(self, prefix: str = "") -> list[Charge]:
-        out = [] if self.selection is None else self.selection.charges(prefix)
+        out = [] if self.l0_check is None else [Charge(f"{prefix}{STAGE_L0_CHECK}", self.l0_check)]
+        out += [] if self.selection is None else self.selection.charges(prefix)
         if self.shared is not None:
             out += self.shared.charges(prefix + "all groups: ")
         for c in self.inner.charges(prefix):
@@ -71,6 +90,8 @@ class GroupedPlan:
             "group_delta": composed_cost(self.inner.charges())[1],
             "group_selection": "public key set" if self.selection is None else "private",
         }
+        if self.l0_check is not None:
+            out["l0_check_epsilon"] = self.l0_check.epsilon
         if self.selection is not None:
             out.update(self.selection.describe())
         return out
@@ -85,18 +106,20 @@ def statistic_plan(stat: StatisticConfigBase, cfg) -> Any:
     groups = stat.groups
     l0 = int(stat.max_groups_per_person)
     selection = None
-    rest = 1.0
+    l0_check = stat.budget(cfg).scaled(L0_CHECK_SHARE)
+    l0_check = Budget(l0_check.epsilon, 0.0)
+    rest = 1.0 - L0_CHECK_SHARE
     if groups.select == "private":
         sel_budget = stat.budget(cfg).scaled(groups.selection_share)
         selection = PartitionSelectionPlan(sel_budget, l0)
-        rest = 1.0 - groups.selection_share
+        rest -= groups.selection_share
     shared, inner, share = kind.grouped_plans(stat, cfg, rest, l0)
     if shared is not None and type(kind).run_shared is StatisticKind.run_shared:
         # a plan-time error (before any budget or data): the kind planned a shared stage it cannot run
         raise TypeError(f"kind {type(kind).__name__} plans a shared stage but does not implement run_shared")
     inner_stat = per_group_statistic(stat, share)
     return GroupedPlan(inner=inner, shared=shared, l0=l0, group_by=tuple(stat.group_by), keys=groups.key_strings() and tuple(groups.key_strings()),
-                       selection=selection, group_budget=inner_stat.budget(cfg), group_share=share)
+                       selection=selection, group_budget=inner_stat.budget(cfg), group_share=share, l0_check=l0_check)
 
 
 def describe(stat: StatisticConfigBase, plan) -> str:
@@ -108,7 +131,8 @@ def describe(stat: StatisticConfigBase, plan) -> str:
            f"keys selected privately (Laplace threshold {plan.selection.threshold:.3g} persons, "
            f"per key epsilon={plan.selection.key_epsilon:.3g}, delta={plan.selection.key_delta:.3g})")
     return (f"  {stat.name}: per group of ({', '.join(plan.group_by)}), {how}; each person in at most "
-            f"{plan.l0} groups; each group: epsilon={plan.group_budget.epsilon:.4g}, "
+            f"{plan.l0} groups (checked: {L0_CHECK_SHARE:.0%} of the epsilon on a noisy count of the persons "
+            f"holding more); each group: epsilon={plan.group_budget.epsilon:.4g}, "
             f"delta={composed_cost(plan.inner.charges())[1]:.3g}\n"
             + kind.describe(stat.name + " (each group)", plan.inner))
 
@@ -130,12 +154,14 @@ def run_grouped(
     public_keys: Callable[[], list[str]],
     backend_for: Callable[..., GroupedAggregates],
     decode: Callable[[str], dict[str, str]],
+    l0_counts: Callable[[], tuple[int, int]] | None = None,
 ) -> list[GroupRelease]:
     """Release one grouped statistic: charge its whole plan, select the keys (if private), run
     the kind's estimator per group against the grouped seam, one aggregation per stage.
 
     ``person_counts``, ``pooled`` (the seam over one value per person, for a shared stage),
-    ``public_keys``, ``backend_for`` (``(keys, first_only=False)``) and ``decode`` come from the grouped
+    ``public_keys``, ``backend_for`` (``(keys, first_only=False)``), ``decode`` and ``l0_counts``
+    (exact (persons holding more than L0 groups, persons): the L0 check) come from the grouped
     input (:class:`spark_jobs.spark.grouping.SparkGroupedInput` or a numpy twin). Returns one
     :class:`GroupRelease` per key (public keys: every listed key; private: the released keys).
     """
@@ -147,6 +173,11 @@ def run_grouped(
     ctx.accountant.check(plan.charges(prefix))
     for c in own:
         ctx.accountant.charge(c.stage, c.budget, c.group)
+    check = {}
+    if plan.l0_check is not None:
+        if l0_counts is None:
+            raise ValueError("the plan has an L0 check: pass l0_counts")
+        check = l0_check(plan, l0_counts, ctx, prefix)
     if plan.selection is not None:
         counts = person_counts()
         keys = sorted(select_partitions(counts, plan.selection, ctx.noise, ctx.accountant, prefix))
@@ -178,13 +209,37 @@ def run_grouped(
     out = []
     for gid, key in enumerate(keys):
         rel: Release = run.results[gid]
-        rel = Release(**{**rel.__dict__, "parameters": {**rel.parameters, **extra}})
+        covers = rel.error_covers
+        if check.get("l0_truncated") and rel.error_bar is not None:
+            covers += (f"; WARNING (l0_truncated): about {check['l0_over_share']:.0%} of persons (DP) hold more than "
+                       f"max_groups_per_person = {plan.l0} groups and count in {plan.l0} of them only: the bar covers "
+                       "the statistic over the kept (person, group) pairs, not over every person in the group")
+        rel = Release(**{**rel.__dict__, "error_covers": covers, "parameters": {**rel.parameters, **extra, **check}})
         out.append(GroupRelease(decode(key), rel))
     log.info("statistic %s: %d group(s) released in %d aggregation(s)", stat.name, len(out), run.batches)
     return out
 
 
-__all__ = ["GroupedPlan", "GroupRelease", "SELECTION_ALGORITHM", "describe", "per_group_statistic", "run_grouped",
+def l0_check(plan: GroupedPlan, l0_counts: Callable[[], tuple[int, int]], ctx: RunContext, prefix: str) -> dict:
+    """The L0 check: Laplace(2 / epsilon) on (persons holding more than L0 of the statistic's
+    groups, persons), charged to ``ctx.accountant`` before the noise; returns the parameters every
+    group's release carries (noisy counts rounded and clamped at 0, their ratio clamped to [0, 1],
+    the flag).
+
+    Privacy: add/remove one person changes the second count by 1 and the first by at most 1 (l1
+    sensitivity 2); pure (plan.l0_check.epsilon, 0)-DP. The exact counts never leave here."""
+    budget = plan.l0_check
+    ctx.accountant.charge(f"{prefix}{STAGE_L0_CHECK}", budget)
+    over, total = l0_counts()
+    noisy, scale = laplace_mechanism(np.array([float(over), float(total)]), 2.0, budget.epsilon, ctx.noise)
+    del over, total
+    n_over, n_total = max(float(noisy[0]), 0.0), max(float(noisy[1]), 0.0)
+    share = min(n_over / n_total, 1.0) if n_total >= 1.0 else (1.0 if n_over > 0 else 0.0)
+    return {"l0_over_persons": round(n_over), "l0_persons": round(n_total), "l0_over_share": round(share, 4),
+            "l0_truncated": bool(noisy[0] >= L0_CHECK_SCALES * scale)}
+
+
+__all__ = ["GroupedPlan", "GroupRelease", "L0_CHECK_SCALES", "L0_CHECK_SHARE", "SELECTION_ALGORITHM", "l0_check", "describe", "per_group_statistic", "run_grouped",
            "statistic_plan"]
 
 
@@ -225,10 +280,12 @@ class NumpyGroupedInput:
             h = hashlib.sha256((salt + persons[i] + KEY_SEPARATOR + keys[i]).encode()).hexdigest()
             order.setdefault(persons[i], []).append((h, int(i)))
         kept, first = [], []
+        self._over = 0
         for lst in order.values():
             lst.sort()
             kept += [i for _, i in lst[:l0]]
             first.append(lst[0][1])
+            self._over += len(lst) > l0
         kept_arr = np.array(sorted(kept), dtype=np.int64)
         self._keys = np.array(keys, dtype=object)[kept_arr]
         self._vals = {c: v[kept_arr] for c, v in vals.items()}
@@ -245,6 +302,10 @@ class NumpyGroupedInput:
         for k in self._keys:
             out[k] = out.get(k, 0) + 1
         return out
+
+    def l0_counts(self) -> tuple[int, int]:
+        """Exact (persons holding more than L0 keys, persons) (the L0 check only)."""
+        return int(self._over), int(self._pooled_gi.size)
 
     def pooled(self):
         from dplib.aggregates import NumpyAggregates  # lazy: numpy twin only
@@ -291,4 +352,4 @@ def run_grouped_numpy(cfg, stat, source: NumpyGroupedInput, noise, accountant=No
     ctx = RunContext(cfg=cfg, records=None, summary=None, aggregates=None, salt="", noise=noise, accountant=acc,
                      prepared=prepared)
     return run_grouped(stat, plan, ctx, source.person_counts, source.pooled, source.public_keys, source.backend,
-                       lambda k: dict(zip(stat.group_by, json.loads(k))))
+                       lambda k: dict(zip(stat.group_by, json.loads(k))), source.l0_counts)

@@ -195,7 +195,8 @@ def release_row(cfg: JobConfig, stat: StatisticConfigBase, rel: Release, *, run_
         config_hash=config_hash or cfg.config_hash(),
         code_version=code_version(),
         created_at=created,
-        flagged=bool(parameters["tail_flag"]) if "tail_flag" in parameters else None,
+        flagged=(bool(parameters.get("tail_flag")) or bool(parameters.get("l0_truncated")))
+        if ("tail_flag" in parameters or "l0_truncated" in parameters) else None,
         group_key=group_key,
     )
 
@@ -268,7 +269,7 @@ def _run_grouped(stat, plan, ctx, inputs: _GroupedInputs, decode_key) -> list[Gr
     :func:`spark_jobs.grouping.run_grouped`."""
     source = inputs.source(stat)
     return run_grouped(stat, plan, ctx, source.person_counts, source.pooled, source.public_keys, source.backend,
-                       lambda k: decode_key(k, stat.group_by))
+                       lambda k: decode_key(k, stat.group_by), source.l0_counts)
 
 
 def run_job(

@@ -101,8 +101,10 @@ class SparkGroupedInput:
         s = with_salt(s, derive_salt(salt_hex, L0_SALT_TAG))
         h = F.sha2(F.concat(F.col("_salt"), F.col("_person"), F.lit(KEY_SEPARATOR), F.col(GKEY)), 256)
         rank = F.row_number().over(Window.partitionBy("_person").orderBy(h))
-        kept = s.select("*", rank.alias("_rank")).where(F.col("_rank") <= F.lit(int(l0)))
-        keep_cols = [GKEY, "_group", "_rank"] + [c for v in self.value_columns for c in (v, f"_m_{v}")]
+        # the person holds more than L0 keys (its L0 + 1st exists): read only by the L0 check
+        over = F.max(F.lit(1)).over(Window.partitionBy("_person").orderBy(h).rowsBetween(int(l0), int(l0)))
+        kept = s.select("*", rank.alias("_rank"), over.isNotNull().alias("_over")).where(F.col("_rank") <= F.lit(int(l0)))
+        keep_cols = [GKEY, "_group", "_rank", "_over"] + [c for v in self.value_columns for c in (v, f"_m_{v}")]
         kept = kept.select(*[qcol(c) for c in keep_cols])
         if derived:  # per-(person, group) derived columns (e.g. a sum's totals), as on the shared summary
             kept = with_derived_columns(kept, derived)
@@ -111,6 +113,12 @@ class SparkGroupedInput:
     def person_counts(self) -> dict[str, int]:
         """Exact persons per key after the L0 bound (for the selection mechanism only; O(keys) rows)."""
         return {r[GKEY]: int(r["count"]) for r in self._summary.groupBy(GKEY).count().collect()}
+
+    def l0_counts(self) -> tuple[int, int]:
+        """Exact (persons holding more than L0 keys, persons) (for the L0 check only; one row)."""
+        r = self._summary.where(F.col("_rank") == F.lit(1)).agg(
+            F.count(F.when(F.col("_over"), 1)).alias("over"), F.count(F.lit(1)).alias("n")).collect()[0]
+        return int(r["over"]), int(r["n"])
 
     def backend(self, keys: list[str] | None = None, first_only: bool = False) -> SparkGroupedAggregates:
         """The grouped seam over the released keys: ``keys[i]`` (``_gkey`` JSON) gets group id ``i``;
@@ -125,13 +133,13 @@ class SparkGroupedInput:
             schema = T.StructType([T.StructField(GKEY, T.StringType(), False), T.StructField(GID, T.LongType(), False)])
             ids = spark.createDataFrame([(k, i) for i, k in enumerate(keys)], schema)
         rows = self._summary.where(F.col("_rank") == F.lit(1)) if first_only else self._summary
-        df = rows.join(F.broadcast(ids), on=GKEY, how="inner").drop(GKEY, "_rank")
+        df = rows.join(F.broadcast(ids), on=GKEY, how="inner").drop(GKEY, "_rank", "_over")
         return SparkGroupedAggregates(df)
 
     def pooled(self) -> SparkAggregates:
         """The seam over one value per person: the person's first kept key (smallest keyed hash),
         every key pooled; for a stage shared by all groups (sensitivity 1, as ungrouped)."""
-        return SparkAggregates(self._summary.where(F.col("_rank") == F.lit(1)).drop(GKEY, "_rank"))
+        return SparkAggregates(self._summary.where(F.col("_rank") == F.lit(1)).drop(GKEY, "_rank", "_over"))
 
     def public_keys(self) -> list[str]:
         """The public key set as ``_gkey`` JSON, in config order (one small Spark job)."""

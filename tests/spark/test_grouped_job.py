@@ -77,14 +77,19 @@ def test_grouped_job_production_noise(spark, records, tmp_path):
     assert plan.cost[0] == pytest.approx(15.0)
     result = run_job(cfg, spark=spark)  # production noise
     # everything but the shared range's retry (run only if its first run released nothing:
-    # 15% of the mean's shared stages, which take 30% of its 3.0)
+    # 15% of the mean's shared stages, which take 30% of its 3.0 after the 2% L0 check)
     retry = next(c.budget.epsilon for c in plan.charges if c.stage == "mean_by_origin: all groups: magnitude range (retry)")
-    assert retry == pytest.approx(3.0 * 0.3 * 0.15)
+    assert retry == pytest.approx(3.0 * 0.98 * 0.3 * 0.15)
     retry += sum(c.budget.epsilon for c in plan.charges if c.stage.endswith("(retry)") and "per group" in c.stage)
     assert plan.cost[0] - retry - 1e-9 <= result.epsilon_spent <= plan.cost[0] + 1e-9
     rows = {(r.statistic, json.dumps(r.group_key)): r for r in result.rows}
     for r in result.rows:
         assert r.noise_source == SecureNoise.name
+        # every grouped row carries the L0 check (nobody here holds more than L0 = 3 public keys;
+        # the flag is the check's or the tail's)
+        p = json.loads(r.parameters)
+        assert 0.0 <= p["l0_over_share"] <= 1.0 and p["l0_over_persons"] >= 0
+        assert bool(r.flagged) == (bool(p.get("tail_flag")) or p["l0_truncated"]), (r.statistic, p)
     # public keys: every listed key has a row, D (no persons) through the same DP path
     means = {r.group_key["origin"]: r for r in result.rows if r.statistic == "mean_by_origin"}
     assert set(means) == {"A", "B", "C", "D"}
@@ -209,7 +214,7 @@ def test_grouped_mean_pooled_path_joint_stage_production_noise(spark, tmp_path):
     cfg, truth = _one_group_per_person_job(tmp_path, "grouped-joint", [10.0 * g for g in range(G)], 600, (3, 7), 0.4, 8)
     plan = plan_job(cfg)
     within = [c for c in plan.charges if c.stage == "m: all groups: within-group profile"]
-    assert len(within) == 1 and within[0].budget.epsilon == pytest.approx(0.4 * 0.3 * 0.2)
+    assert len(within) == 1 and within[0].budget.epsilon == pytest.approx(0.4 * 0.98 * 0.3 * 0.2)
     result = run_job(cfg, spark=spark)  # production noise
     retries = sum(c.budget.epsilon for c in plan.charges if "(retry)" in c.stage)
     # spent: everything planned but the retries (run only when the first range releases nothing)
@@ -312,3 +317,32 @@ def test_grouped_mean_spread_small_data_production_noise(spark, tmp_path):
         assert r.noise_source == SecureNoise.name and r.status == "OK", (g, r.status, p)
         assert p["shared_range_retried"] is True, (g, p)
         assert r.error_bar is not None and abs(r.estimate[0] - truth[g]) <= 3.0 * r.error_bar[0], (g, r.estimate, truth[g])
+
+
+def test_grouped_count_flags_l0_truncation_production_noise(spark, tmp_path):
+    """600 persons each holding all three keys (2 records each), L0 = 1, a grouped count at
+    epsilon 2: every person is truncated to one key, so each group's count is about 200 while 600
+    persons hold it. The L0 check (Laplace(2 / (2 x 0.02)) = 50 on (600, 600), flagged from 150)
+    flags every row, its text says what the bar covers, and the count sits near the kept 200."""
+    rows = [(f"p{i}", g, 1.0) for i in range(600) for g in "ABC" for _ in range(2)]
+    path = str(tmp_path / "all3.parquet")
+    pd.DataFrame(rows, columns=["pid", "grp", "x"]).to_parquet(path, index=False)
+    cfg = parse_config({
+        "job_name": "l0-check", "input": {"path": path, "format": "parquet"}, "privacy_unit": {"column": "pid"},
+        "budget": {"epsilon": 2.0, "delta": 1e-6},
+        "statistics": [{"name": "n", "kind": "count", "columns": ["x"], "share": 1.0, "group_by": ["grp"],
+                        "max_groups_per_person": 1, "groups": {"keys": [["A"], ["B"], ["C"]]}}],
+        "output": {"path": str(tmp_path / "out")}, "ledger": {"enabled": False},
+    })
+    plan = plan_job(cfg)
+    assert [c.budget.epsilon for c in plan.charges if "beyond the L0 bound" in c.stage] == [pytest.approx(0.04)]
+    result = run_job(cfg, spark=spark)  # production noise
+    assert result.epsilon_spent == pytest.approx(2.0)
+    kept = 0.0
+    for r in result.rows:
+        p = json.loads(r.parameters)
+        assert r.noise_source == SecureNoise.name and r.status == "OK"
+        assert p["l0_truncated"] is True and r.flagged is True, p
+        assert abs(p["l0_over_persons"] - 600) <= 500 and "WARNING (l0_truncated)" in r.error_covers
+        kept += r.estimate[0]
+    assert abs(kept - 600) <= 30  # the kept pairs: one per person (Laplace scale 1 / 1.96 each)

@@ -23,7 +23,7 @@ from dplib.mechanisms import SeededNoise
 from dplib.partitions import PartitionSelectionPlan, select_partitions
 from dplib.quantile import QuantilePlan, person_quantile
 from spark_jobs.config import parse_config
-from spark_jobs.grouping import GroupedPlan, statistic_plan
+from spark_jobs.grouping import L0_CHECK_SHARE, GroupedPlan, NumpyGroupedInput, key_json, statistic_plan
 from spark_jobs.release import ReleaseRow, coordinate_names, long_rows
 
 
@@ -169,16 +169,20 @@ def test_grouped_cost_is_the_statistics_budget(kind, opts, groups):
     per = [c for c in plan.charges("s: ") if "per group x L0=4" in c.stage]
     inner = composed_cost(plan.inner.charges())
     assert sum(c.budget.epsilon for c in per) == pytest.approx(4 * inner[0])
+    # the L0 check first: 2% of the statistic's epsilon, no delta
+    check = plan.charges("s: ")[0]
+    assert check.stage == "s: all groups: persons beyond the L0 bound"
+    assert check.budget.epsilon == pytest.approx(L0_CHECK_SHARE * 1.0) and check.budget.delta == 0.0
     if kind == "mean":  # range, centre, profile and the within-group profile: once for all groups, 30% of epsilon
-        shared = [c for c in plan.charges("s: ") if "all groups" in c.stage]
+        shared = [c for c in plan.charges("s: ") if "all groups" in c.stage and "L0" not in c.stage]
         assert [c.stage for c in shared] == [
             "s: all groups: magnitude range", "s: all groups: magnitude range (retry)", "s: all groups: centre",
             "s: all groups: deviation profile", "s: all groups: within-group profile"]
-        rest = 0.8 if "select" in groups else 1.0
+        rest = (0.8 if "select" in groups else 1.0) - L0_CHECK_SHARE
         assert sum(c.budget.epsilon for c in shared) == pytest.approx(0.3 * rest)
         assert sum(c.budget.delta for c in shared) == pytest.approx(0.5e-6 * rest)
     if "select" in groups:
-        sel = plan.charges("s: ")[0]
+        sel = plan.charges("s: ")[1]
         assert sel.stage == "s: partition selection" and sel.budget.epsilon == pytest.approx(0.2)
 
 
@@ -298,3 +302,88 @@ def test_a_kind_that_plans_a_shared_stage_must_run_it(monkeypatch):
         statistic_plan(cfg.statistics[0], cfg)
     monkeypatch.setattr(grouping, "kind_of", lambda stat: CountKind())
     assert isinstance(statistic_plan(cfg.statistics[0], cfg), GroupedPlan)
+
+
+# --- the L0 check ----------------------------------------------------------------------------
+
+
+def _l0_source(n, multi_share, l0=1, seed=0):
+    """n persons with a count column; a share ``multi_share`` of them hold 3 of the keys A, B, C,
+    the others one. Returns the twin and the exact number of persons holding more than ``l0``."""
+    rng = np.random.default_rng(seed)
+    persons, keys = [], []
+    over = 0
+    for p in range(n):
+        held = list("ABC") if rng.random() < multi_share else [str(rng.choice(list("ABC")))]
+        over += len(held) > l0
+        persons += [f"p{p}"] * len(held)
+        keys += [key_json([k]) for k in held]
+    src = NumpyGroupedInput(persons, keys, {"x": rng.normal(5.0, 1.0, len(keys))}, f"{seed:064x}", l0,
+                            public=[key_json([k]) for k in "ABC"])
+    return src, over
+
+
+def test_l0_counts_and_the_flag():
+    """The twin's exact (persons over L0, persons) against a direct count; a grouped count over
+    data where 30% of persons hold 3 keys at L0 = 1 carries the DP share (within 5 noise scales of
+    0.3 at epsilon 0.5 x 0.02), the flag, the warning in every bar's text and the row flag; the
+    L0 check is charged once, before its noise, at L0_CHECK_SHARE of the statistic."""
+    from spark_jobs.grouping import STAGE_L0_CHECK, run_grouped_numpy
+
+    src, over = _l0_source(3000, 0.3)
+    assert src.l0_counts() == (over, 3000) and 800 < over < 1000
+    cfg = _cfg({"kind": "count", "columns": ["x"], "group_by": ["g"], "max_groups_per_person": 1,
+                "groups": {"keys": [["A"], ["B"], ["C"]]}})
+    stat = cfg.statistics[0]
+    acc = Accountant(stat.budget(cfg))
+    rels = run_grouped_numpy(cfg, stat, src, SeededNoise(4), acc)
+    checks = [c for c in acc.charges if c.stage == f"s: {STAGE_L0_CHECK}"]
+    assert len(checks) == 1 and checks[0].budget.epsilon == pytest.approx(1.0 * L0_CHECK_SHARE)
+    assert composed_cost(acc.charges)[0] == pytest.approx(1.0)
+    scale = 2.0 / (1.0 * L0_CHECK_SHARE)  # l1 sensitivity 2
+    for r in rels:
+        p = r.release.parameters
+        assert p["l0_truncated"] is True and abs(p["l0_over_persons"] - over) <= 5 * scale
+        assert abs(p["l0_over_share"] - over / 3000) <= 5 * scale / 3000 + 0.01
+        assert "WARNING (l0_truncated)" in r.release.error_covers and "max_groups_per_person = 1" in r.release.error_covers
+
+
+def test_l0_check_rarely_flags_when_nobody_is_truncated():
+    """Nobody holds more than L0 keys: the flag goes up only when the noise alone reaches
+    L0_CHECK_SCALES scales (P = exp(-3) / 2 = 2.5% per run): at most 4 of 60 runs (binomial(60,
+    0.025) > 4: 2%). Power: 1% of 3,000 persons over L0 at epsilon 1 x 0.02 (30 persons, 0.3
+    noise scales) is rarely seen, 30% always (test above)."""
+    from spark_jobs.grouping import l0_check, statistic_plan
+    from spark_jobs.kinds import RunContext
+
+    cfg = _cfg({"kind": "count", "columns": ["x"], "group_by": ["g"], "max_groups_per_person": 1,
+                "groups": {"keys": [["A"], ["B"], ["C"]]}})
+    plan = statistic_plan(cfg.statistics[0], cfg)
+    flags = 0
+    for seed in range(60):
+        ctx = RunContext(cfg=cfg, records=None, summary=None, aggregates=None, salt="", noise=SeededNoise([9, seed]),
+                         accountant=Accountant(Budget(1.0, 1e-6)), prepared={})
+        out = l0_check(plan, lambda: (0, 3000), ctx, "s: ")
+        flags += out["l0_truncated"]
+        assert 0.0 <= out["l0_over_share"] <= 1.0 and out["l0_over_persons"] >= 0
+    assert flags <= 4
+
+
+@pytest.mark.parametrize("extra_keys", [1, 3])
+def test_l0_counts_move_by_at_most_two_for_one_person(extra_keys):
+    """Add one person holding 1 or 3 keys (L0 = 1): the exact (over, persons) pair moves by at most
+    2 in l1 (the check's sensitivity)."""
+    src, _ = _l0_source(500, 0.3, seed=3)
+    rng = np.random.default_rng(3)
+    persons, keys, vals = [], [], []
+    for p in range(500):
+        held = list("ABC") if rng.random() < 0.3 else [str(rng.choice(list("ABC")))]
+        persons += [f"p{p}"] * len(held)
+        keys += [key_json([k]) for k in held]
+    vals = rng.normal(5.0, 1.0, len(keys))
+    add = list("ABC")[:extra_keys]
+    nb = NumpyGroupedInput(persons + ["zz"] * len(add), keys + [key_json([k]) for k in add],
+                           {"x": np.concatenate([vals, np.full(len(add), 1e300)])}, f"{3:064x}", 1,
+                           public=[key_json([k]) for k in "ABC"])
+    a, b = src.l0_counts(), nb.l0_counts()
+    assert abs(a[0] - b[0]) + abs(a[1] - b[1]) == (2 if extra_keys > 1 else 1)

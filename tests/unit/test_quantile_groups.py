@@ -140,7 +140,7 @@ def test_grouped_plan_composes_to_the_statistic_budget():
     SHARED_SHARE) / L0; the plan's charges (per group x L0) sum to the statistic's epsilon; the
     prepared mechanisms include the shared window's."""
     from spark_jobs.config import parse_config
-    from spark_jobs.grouping import statistic_plan
+    from spark_jobs.grouping import L0_CHECK_SHARE, statistic_plan
 
     cfg = parse_config({
         "job_name": "gq", "input": {"path": "x", "format": "parquet"}, "privacy_unit": {"column": "pid"},
@@ -151,8 +151,9 @@ def test_grouped_plan_composes_to_the_statistic_budget():
     })
     plan = statistic_plan(cfg.statistics[0], cfg)
     charges = plan.charges("q: ")
-    shared = [c for c in charges if "all groups" in c.stage]
-    assert sum(c.budget.epsilon for c in shared) == pytest.approx(SHARED_SHARE)
+    shared = [c for c in charges if "all groups" in c.stage and "L0" not in c.stage]
+    rest = 1.0 - L0_CHECK_SHARE  # the L0 check's share comes first
+    assert sum(c.budget.epsilon for c in shared) == pytest.approx(SHARED_SHARE * rest)
     assert sum(c.budget.epsilon for c in charges) == pytest.approx(1.0)
-    assert plan.inner.budget.epsilon == pytest.approx((1 - SHARED_SHARE) / 4)
+    assert plan.inner.budget.epsilon == pytest.approx(rest * (1 - SHARED_SHARE) / 4)
     assert SHARED_KEY in plan.prepare(SeededNoise(1))
