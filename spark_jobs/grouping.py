@@ -7,12 +7,14 @@ aggregation). Its budget (the statistic's share of the job's) is spent as follow
 - ``groups: {select: private}``: ``selection_share`` of it on Laplace partition selection over
   the keys present in the data (:mod:`dplib.partitions`; per key (eps/L0, delta/L0)), before any
   per-group stage; only the released keys get rows.
-- ``L0_CHECK_SHARE`` of it on one Laplace release of (persons holding more than L0 groups,
-  persons), sensitivity 2: a DP check of the L0 bound's truncation, reported in every group's
-  parameters (``l0_over_persons``, ``l0_over_share``) and flagged (``l0_truncated``) when it
-  stands clear of the noise; a truncated group's statistic is over the kept (person, group) pairs.
+- ``L0_CHECK_SHARE`` of the rest on one Laplace release of (persons holding more than L0
+  groups, persons), sensitivity 2: a DP check of the L0 bound's truncation, reported in every
+  group's parameters (``l0_over_persons``, ``l0_over_share``) and flagged (``l0_truncated``) when
+  it stands clear of the noise (every group's statistic is over the kept (person, group) pairs;
+  the check says how many persons lost groups). Not run when the public key set has at most L0
+  keys (nobody can be truncated).
 - The rest is split evenly over the L0 bound: each group's estimator runs with
-  ``budget * (1 - selection_share) / L0`` (every one of its stages, as the ungrouped kind's plan
+  ``budget * (1 - selection_share) * (1 - L0_CHECK_SHARE) / L0`` (every one of its stages, as the ungrouped kind's plan
   says, on that group's persons). A person contributes to at most L0 groups (the keyed-hash
   choice of :mod:`spark_jobs.spark.grouping`) and the groups' estimators read disjoint
   (person, group) summaries, so the person's privacy loss is at most L0 times a group's: the
@@ -68,8 +70,8 @@ class GroupedPlan:
     l0_check: Budget | None = None
 
     def charges(self, prefix: str = "") -> list[Charge]:
-        out = [] if self.l0_check is None else [Charge(f"{prefix}{STAGE_L0_CHECK}", self.l0_check)]
-        out += [] if self.selection is None else self.selection.charges(prefix)
+        out = [] if self.selection is None else self.selection.charges(prefix)
+        out += [] if self.l0_check is None else [Charge(f"{prefix}{STAGE_L0_CHECK}", self.l0_check)]
         if self.shared is not None:
             out += self.shared.charges(prefix + "all groups: ")
         for c in self.inner.charges(prefix):
@@ -106,13 +108,18 @@ def statistic_plan(stat: StatisticConfigBase, cfg) -> Any:
     groups = stat.groups
     l0 = int(stat.max_groups_per_person)
     selection = None
-    l0_check = stat.budget(cfg).scaled(L0_CHECK_SHARE)
-    l0_check = Budget(l0_check.epsilon, 0.0)
-    rest = 1.0 - L0_CHECK_SHARE
+    rest = 1.0
     if groups.select == "private":
         sel_budget = stat.budget(cfg).scaled(groups.selection_share)
         selection = PartitionSelectionPlan(sel_budget, l0)
-        rest -= groups.selection_share
+        rest = 1.0 - groups.selection_share
+    # the L0 check: L0_CHECK_SHARE of what the selection leaves; none when the public key set has
+    # at most L0 keys (nobody can hold more: the count is 0 by construction)
+    keys = groups.key_strings()
+    l0_check = None
+    if keys is None or len(keys) > l0:
+        l0_check = Budget(stat.budget(cfg).epsilon * rest * L0_CHECK_SHARE, 0.0)
+        rest *= 1.0 - L0_CHECK_SHARE
     shared, inner, share = kind.grouped_plans(stat, cfg, rest, l0)
     if shared is not None and type(kind).run_shared is StatisticKind.run_shared:
         # a plan-time error (before any budget or data): the kind planned a shared stage it cannot run
@@ -127,12 +134,14 @@ def describe(stat: StatisticConfigBase, plan) -> str:
     kind = kind_of(stat)
     if not isinstance(plan, GroupedPlan):
         return kind.describe(stat.name, plan)
+    check = "" if plan.l0_check is None else (
+        f" (L0 check: epsilon={plan.l0_check.epsilon:.3g} on a noisy count of the persons holding more, flagged "
+        f"from about {L0_CHECK_SCALES * 2.0 / plan.l0_check.epsilon:.0f} of them)")
     how = (f"{len(plan.keys)} public keys" if plan.keys is not None else
            f"keys selected privately (Laplace threshold {plan.selection.threshold:.3g} persons, "
            f"per key epsilon={plan.selection.key_epsilon:.3g}, delta={plan.selection.key_delta:.3g})")
     return (f"  {stat.name}: per group of ({', '.join(plan.group_by)}), {how}; each person in at most "
-            f"{plan.l0} groups (checked: {L0_CHECK_SHARE:.0%} of the epsilon on a noisy count of the persons "
-            f"holding more); each group: epsilon={plan.group_budget.epsilon:.4g}, "
+            f"{plan.l0} groups{check}; each group: epsilon={plan.group_budget.epsilon:.4g}, "
             f"delta={composed_cost(plan.inner.charges())[1]:.3g}\n"
             + kind.describe(stat.name + " (each group)", plan.inner))
 
@@ -171,13 +180,10 @@ def run_grouped(
     # their own stages, each before its noise)
     own = [c for c in plan.charges(prefix) if c.stage.startswith(prefix + "per group")]
     ctx.accountant.check(plan.charges(prefix))
+    if plan.l0_check is not None and l0_counts is None:  # a caller's error, before any charge
+        raise ValueError("the plan has an L0 check: pass l0_counts")
     for c in own:
         ctx.accountant.charge(c.stage, c.budget, c.group)
-    check = {}
-    if plan.l0_check is not None:
-        if l0_counts is None:
-            raise ValueError("the plan has an L0 check: pass l0_counts")
-        check = l0_check(plan, l0_counts, ctx, prefix)
     if plan.selection is not None:
         counts = person_counts()
         keys = sorted(select_partitions(counts, plan.selection, ctx.noise, ctx.accountant, prefix))
@@ -187,6 +193,7 @@ def run_grouped(
     else:
         keys = public_keys()
         backend = backend_for(None)
+    check = {} if plan.l0_check is None else l0_check(plan, l0_counts, ctx, prefix)
     inner_stat = per_group_statistic(stat, plan.group_share)
     shared = None
     if plan.shared is not None:
@@ -210,10 +217,13 @@ def run_grouped(
     for gid, key in enumerate(keys):
         rel: Release = run.results[gid]
         covers = rel.error_covers
-        if check.get("l0_truncated") and rel.error_bar is not None:
-            covers += (f"; WARNING (l0_truncated): about {check['l0_over_share']:.0%} of persons (DP) hold more than "
-                       f"max_groups_per_person = {plan.l0} groups and count in {plan.l0} of them only: the bar covers "
-                       "the statistic over the kept (person, group) pairs, not over every person in the group")
+        if rel.error_bar is not None:
+            # true of every grouped row (the L0 bound is public); the check says how many persons it cut
+            covers += (f"; over the kept (person, group) pairs: a person in more than max_groups_per_person = "
+                       f"{plan.l0} groups counts in {plan.l0} of them")
+            if check.get("l0_truncated"):
+                covers += (f"; WARNING (l0_truncated): about {check['l0_over_share']:.1%} of persons (DP) hold more "
+                           f"than {plan.l0} groups: the bar does not cover the statistic over every person in the group")
         rel = Release(**{**rel.__dict__, "error_covers": covers, "parameters": {**rel.parameters, **extra, **check}})
         out.append(GroupRelease(decode(key), rel))
     log.info("statistic %s: %d group(s) released in %d aggregation(s)", stat.name, len(out), run.batches)

@@ -256,10 +256,22 @@ def _not_released(r: dict) -> str:
 def _section(r: dict, pngs: list[Path], earlier: list[dict]) -> str:
     imgs = "".join(f"<img src='{p.name}' alt='{html.escape(statistic_label(r))}'>" for p in pngs)
     ok = r["status"] == "OK" and bool(r["estimate"])
-    flag = (
-        "<p class='fail'><b>Flagged:</b> the error bar rests on a tail assumption the release's own DP "
-        "checks could not confirm; it may be too narrow.</p>" if r.get("flagged") else ""
-    )
+    params = r.get("parameters") or {}
+    if isinstance(params, str):
+        try:
+            params = json.loads(params)
+        except ValueError:
+            params = {}
+    l0_cut = bool(params.get("l0_truncated")) if isinstance(params, dict) else False
+    tail = bool(params.get("tail_flag")) if isinstance(params, dict) else False
+    why = []
+    if tail or not l0_cut:
+        why.append("the error bar rests on a tail assumption the release's own DP checks could not confirm; "
+                   "it may be too narrow")
+    if l0_cut:
+        why.append("some persons hold more groups than max_groups_per_person and count in that many only: "
+                   "the estimate and its bar are over the kept (person, group) pairs")
+    flag = f"<p class='fail'><b>Flagged:</b> {html.escape('; '.join(why))}.</p>" if r.get("flagged") else ""
     return (
         f"<section><h2>{html.escape(statistic_label(r))}</h2>"
         + (_numbers_table(r) if ok else _not_released(r))

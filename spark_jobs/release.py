@@ -50,8 +50,8 @@ class ReleaseRow:
     code_version: str
     created_at: dt.datetime
     #: True when the release's error bar rests on an assumption a DP check could not confirm
-    #: (``parameters.tail_flag`` of the means); None where the estimator makes no such check,
-    #: and in rows written before the column existed.
+    #: (``parameters.tail_flag`` of the means, ``parameters.l0_truncated`` of a grouped row); None
+    #: where the estimator makes no such check, and in rows written before the column existed.
     flagged: bool | None = None
     #: The group of a ``group_by`` statistic: ``{column: value}`` (values as strings, as Spark
     #: casts them); None for an ungrouped statistic and in rows written before the column existed.

@@ -343,8 +343,6 @@ def within_profile(
             summed[key] = summed.get(key, 0) + int(v)
     del answers
     profile = deviation_profile_from_counts(summed, b.epsilon, noise, s.low, s.high, sub_edges)
-    # a lone noise bin far above the bulk would read as a heavy within-group tail (post-processing)
-    profile = confirm_isolated_bins(profile)
     del summed
     profile = confirm_isolated_bins(profile)  # a lone noise bin far above the bulk would set the radius
     model, fitted_nu, _, tail_flag, _ = tail_from_profile(profile, b.epsilon, plan.k)
@@ -484,7 +482,8 @@ def locating_histogram(
     # (a group's bulk spans several bins; one noise spike does not: a lone +7.8-scale draw two bins
     # from the grid's end outweighed a bulk of ~120 persons per bin hit by -62 and was claimed as
     # the group, 4 sd off), the single top bin among them for the claim below
-    window_sums = np.convolve(noisy, np.ones(2 * LOCATE_WINDOW + 1), mode="same")
+    # window_sums[i]: the noisy persons in bins i - LOCATE_WINDOW .. i + LOCATE_WINDOW (cut at the ends)
+    window_sums = np.convolve(noisy, np.ones(2 * LOCATE_WINDOW + 1), mode="full")[LOCATE_WINDOW:LOCATE_WINDOW + nb]
     c = int(np.argmax(window_sums))
     lo, hi = max(c - LOCATE_WINDOW, 0), min(c + LOCATE_WINDOW + 1, nb)
     j = lo + int(np.argmax(noisy[lo:hi]))

@@ -169,20 +169,25 @@ def test_grouped_cost_is_the_statistics_budget(kind, opts, groups):
     per = [c for c in plan.charges("s: ") if "per group x L0=4" in c.stage]
     inner = composed_cost(plan.inner.charges())
     assert sum(c.budget.epsilon for c in per) == pytest.approx(4 * inner[0])
-    # the L0 check first: 2% of the statistic's epsilon, no delta
-    check = plan.charges("s: ")[0]
-    assert check.stage == "s: all groups: persons beyond the L0 bound"
-    assert check.budget.epsilon == pytest.approx(L0_CHECK_SHARE * 1.0) and check.budget.delta == 0.0
+    # the L0 check: 2% of what the selection leaves, no delta; none for two public keys at L0 = 4
+    # (nobody can hold more than L0 of them)
+    checks = [c for c in plan.charges("s: ") if c.stage == "s: all groups: persons beyond the L0 bound"]
+    after_selection = 0.8 if "select" in groups else 1.0
+    if "select" in groups:
+        assert len(checks) == 1 and plan.l0_check is not None
+        assert checks[0].budget.epsilon == pytest.approx(L0_CHECK_SHARE * after_selection) and checks[0].budget.delta == 0.0
+    else:
+        assert checks == [] and plan.l0_check is None
     if kind == "mean":  # range, centre, profile and the within-group profile: once for all groups, 30% of epsilon
         shared = [c for c in plan.charges("s: ") if "all groups" in c.stage and "L0" not in c.stage]
         assert [c.stage for c in shared] == [
             "s: all groups: magnitude range", "s: all groups: magnitude range (retry)", "s: all groups: centre",
             "s: all groups: deviation profile", "s: all groups: within-group profile"]
-        rest = (0.8 if "select" in groups else 1.0) - L0_CHECK_SHARE
+        rest = after_selection * ((1 - L0_CHECK_SHARE) if "select" in groups else 1.0)
         assert sum(c.budget.epsilon for c in shared) == pytest.approx(0.3 * rest)
         assert sum(c.budget.delta for c in shared) == pytest.approx(0.5e-6 * rest)
     if "select" in groups:
-        sel = plan.charges("s: ")[1]
+        sel = plan.charges("s: ")[0]
         assert sel.stage == "s: partition selection" and sel.budget.epsilon == pytest.approx(0.2)
 
 
@@ -326,8 +331,8 @@ def _l0_source(n, multi_share, l0=1, seed=0):
 def test_l0_counts_and_the_flag():
     """The twin's exact (persons over L0, persons) against a direct count; a grouped count over
     data where 30% of persons hold 3 keys at L0 = 1 carries the DP share (within 5 noise scales of
-    0.3 at epsilon 0.5 x 0.02), the flag, the warning in every bar's text and the row flag; the
-    L0 check is charged once, before its noise, at L0_CHECK_SHARE of the statistic."""
+    0.3 at epsilon 1 x 0.02), the flag and the warning in every bar's text; the L0 check is
+    charged once, at L0_CHECK_SHARE of the statistic (no selection)."""
     from spark_jobs.grouping import STAGE_L0_CHECK, run_grouped_numpy
 
     src, over = _l0_source(3000, 0.3)
@@ -346,6 +351,46 @@ def test_l0_counts_and_the_flag():
         assert p["l0_truncated"] is True and abs(p["l0_over_persons"] - over) <= 5 * scale
         assert abs(p["l0_over_share"] - over / 3000) <= 5 * scale / 3000 + 0.01
         assert "WARNING (l0_truncated)" in r.release.error_covers and "max_groups_per_person = 1" in r.release.error_covers
+
+
+class _RecordingNoise:
+    """Zero noise that records each draw's scale and what the accountant had charged by then."""
+
+    name, secure = "recording", False
+
+    def __init__(self, accountant):
+        self.acc, self.draws = accountant, []
+
+    def add_laplace(self, values, scale):
+        self.draws.append((float(scale), [c.stage for c in self.acc.charges]))
+        return np.asarray(values, dtype=float).copy()
+
+    def add_gaussian(self, values, sigma):
+        raise AssertionError("the L0 check is Laplace")
+
+
+def test_l0_check_scale_and_charge_before_noise():
+    """The check's one draw has scale 2 / epsilon_c (l1 sensitivity 2) and comes after its charge;
+    with zero noise it returns the exact pair; public keys no more than L0: no check planned."""
+    from spark_jobs.grouping import STAGE_L0_CHECK, l0_check
+    from spark_jobs.kinds import RunContext
+
+    cfg = _cfg({"kind": "count", "columns": ["x"], "group_by": ["g"], "max_groups_per_person": 1,
+                "groups": {"keys": [["A"], ["B"], ["C"]]}})
+    plan = statistic_plan(cfg.statistics[0], cfg)
+    acc = Accountant(Budget(1.0, 1e-6))
+    noise = _RecordingNoise(acc)
+    ctx = RunContext(cfg=cfg, records=None, summary=None, aggregates=None, salt="", noise=noise, accountant=acc,
+                     prepared={})
+    out = l0_check(plan, lambda: (400, 3000), ctx, "s: ")  # flagged from 3 x 100 persons
+    ((scale, charged),) = noise.draws
+    assert scale == pytest.approx(2.0 / plan.l0_check.epsilon) and plan.l0_check.epsilon == pytest.approx(0.02)
+    assert charged == [f"s: {STAGE_L0_CHECK}"]
+    assert out == {"l0_over_persons": 400, "l0_persons": 3000, "l0_over_share": 0.1333, "l0_truncated": True}
+    assert l0_check(plan, lambda: (299, 3000), ctx, "s: ")["l0_truncated"] is False
+    few = _cfg({"kind": "count", "columns": ["x"], "group_by": ["g"], "max_groups_per_person": 3,
+                "groups": {"keys": [["A"], ["B"], ["C"]]}})
+    assert statistic_plan(few.statistics[0], few).l0_check is None
 
 
 def test_l0_check_rarely_flags_when_nobody_is_truncated():
