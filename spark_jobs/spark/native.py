@@ -81,9 +81,13 @@ def enabled(spark) -> bool:
             ok = True
             log.info("per-person passes: native aggregates (%s)", JAR_NAME)
     except Exception as exc:  # noqa: BLE001 - any failure to load means: use the SQL path
-        log.warning("native aggregates not available (%s): using the Spark SQL path (same results, slower); "
-                    "build them with `make native` and pass the jar to spark-submit with --jars",
-                    type(exc).__name__)
+        # a class missing from the JVM reads as a py4j JavaPackage, which is not callable (TypeError)
+        why = ("its jar is not on this Spark session's classpath" if isinstance(exc, TypeError)
+               else f"loading it failed: {type(exc).__name__}")
+        where = "not built here: run `make native`" if native_jar() is None else f"built at {native_jar()}"
+        log.warning("native aggregates not used (%s): the Spark SQL path runs instead (same results, slower). The jar "
+                    "is %s; a session made by person-dp adds it itself, one of your own needs spark.jars (or "
+                    "spark-submit --jars; `person-dp spark-jars` lists it)", why, where)
     _registered[spark] = ok
     return ok
 

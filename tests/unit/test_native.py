@@ -63,3 +63,24 @@ def test_bound_object_hash_map(start, k, want):
     s = _Spark(start)
     native.bound_object_hash_map(s, k)
     assert s.conf.get(native.OBJECT_HASH_THRESHOLD) == want
+
+
+def test_a_session_without_the_jar_is_told_why(caplog, monkeypatch):
+    """A session whose JVM lacks the jar's class (py4j hands back a package, calling it raises
+    TypeError): the SQL path, and one warning that says the jar is not on the session's classpath
+    and how to add it (a new user read "not available (TypeError)" and did not know what to do)."""
+    from types import SimpleNamespace
+
+    monkeypatch.delenv(native.ENV_SWITCH, raising=False)
+    fns = SimpleNamespace(VERSION=object())  # not callable: TypeError, as a missing class
+    jvm = SimpleNamespace(org=SimpleNamespace(apache=SimpleNamespace(spark=SimpleNamespace(
+        sql=SimpleNamespace(persondp=SimpleNamespace(Functions=fns))))))
+
+    class FakeSession:
+        _jvm = jvm
+        version = "4.0.0"
+
+    with caplog.at_level("WARNING", logger="person_dp.native"):
+        assert native.enabled(FakeSession()) is False
+    (msg,) = [r.getMessage() for r in caplog.records]
+    assert "not on this Spark session's classpath" in msg and "spark.jars" in msg and "TypeError" not in msg
