@@ -7,10 +7,10 @@ aggregation). Its budget (the statistic's share of the job's) is spent as follow
 - ``groups: {select: private}``: ``selection_share`` of it on Laplace partition selection over
   the keys present in the data (:mod:`dplib.partitions`; per key (eps/L0, delta/L0)), before any
   per-group stage; only the released keys get rows.
-- ``L0_CHECK_SHARE`` of the rest on one Laplace release of (persons holding more than L0
-  groups, persons), sensitivity 2: a DP check of the L0 bound's truncation, reported in every
-  group's parameters (``l0_over_persons``, ``l0_over_share``) and flagged (``l0_truncated``) when
-  it stands clear of the noise (every group's statistic is over the kept (person, group) pairs;
+- ``L0_CHECK_SHARE`` of the rest on one Laplace count of the persons holding more than L0
+  groups, sensitivity 1: a DP check of the L0 bound's truncation, reported in every group's
+  parameters (``l0_over_persons`` and its 90% ``l0_over_persons_bar``) and flagged
+  (``l0_truncated``) when it stands clear of the noise (every group's statistic is over the kept (person, group) pairs;
   the check says how many persons lost groups). Not run when the public key set has at most L0
   keys (nobody can be truncated).
 - The rest is split evenly over the L0 bound: each group's estimator runs with
@@ -29,6 +29,7 @@ The whole grouped cost is charged to the run's accountant before the first group
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,9 +45,10 @@ from spark_jobs.kinds.base import StatisticKind, per_group_statistic
 
 log = logging.getLogger("person_dp.grouping")
 
-#: Share of a grouped statistic's epsilon spent on the L0 check: Laplace on (persons holding more
-#: than L0 of the statistic's groups, persons), l1 sensitivity 2 (one person is in the second count
-#: and perhaps the first). Flagged when the noisy first count reaches L0_CHECK_SCALES noise scales
+#: Share of a grouped statistic's epsilon spent on the L0 check: Laplace on the number of persons
+#: holding more than L0 of the statistic's groups, l1 sensitivity 1 (a first version also released
+#: the persons' total, sensitivity 2: at 900 persons and epsilon 1 its noise, scale 200, gave a
+#: share of 1.0 with nobody cut). Flagged when the noisy count reaches L0_CHECK_SCALES noise scales
 #: (a false flag when nobody is truncated: P(Laplace > 3 scales) = exp(-3) / 2 = 2.5%). Before it
 #: a grouped count's bar claimed "the exact number of persons" and covered 0 of 60 group releases
 #: of the all-persons count where L0 truncated (benchmarks/results/grouped_anchors.md).
@@ -136,7 +138,7 @@ def describe(stat: StatisticConfigBase, plan) -> str:
         return kind.describe(stat.name, plan)
     check = "" if plan.l0_check is None else (
         f" (L0 check: epsilon={plan.l0_check.epsilon:.3g} on a noisy count of the persons holding more, flagged "
-        f"from about {L0_CHECK_SCALES * 2.0 / plan.l0_check.epsilon:.0f} of them)")
+        f"from about {L0_CHECK_SCALES / plan.l0_check.epsilon:.0f} of them)")
     how = (f"{len(plan.keys)} public keys" if plan.keys is not None else
            f"keys selected privately (Laplace threshold {plan.selection.threshold:.3g} persons, "
            f"per key epsilon={plan.selection.key_epsilon:.3g}, delta={plan.selection.key_delta:.3g})")
@@ -163,14 +165,14 @@ def run_grouped(
     public_keys: Callable[[], list[str]],
     backend_for: Callable[..., GroupedAggregates],
     decode: Callable[[str], dict[str, str]],
-    l0_counts: Callable[[], tuple[int, int]] | None = None,
+    l0_over_count: Callable[[], int] | None = None,
 ) -> list[GroupRelease]:
     """Release one grouped statistic: charge its whole plan, select the keys (if private), run
     the kind's estimator per group against the grouped seam, one aggregation per stage.
 
     ``person_counts``, ``pooled`` (the seam over one value per person, for a shared stage),
-    ``public_keys``, ``backend_for`` (``(keys, first_only=False)``), ``decode`` and ``l0_counts``
-    (exact (persons holding more than L0 groups, persons): the L0 check) come from the grouped
+    ``public_keys``, ``backend_for`` (``(keys, first_only=False)``), ``decode`` and ``l0_over_count``
+    (the exact number of persons holding more than L0 groups: the L0 check) come from the grouped
     input (:class:`spark_jobs.spark.grouping.SparkGroupedInput` or a numpy twin). Returns one
     :class:`GroupRelease` per key (public keys: every listed key; private: the released keys).
     """
@@ -180,8 +182,8 @@ def run_grouped(
     # their own stages, each before its noise)
     own = [c for c in plan.charges(prefix) if c.stage.startswith(prefix + "per group")]
     ctx.accountant.check(plan.charges(prefix))
-    if plan.l0_check is not None and l0_counts is None:  # a caller's error, before any charge
-        raise ValueError("the plan has an L0 check: pass l0_counts")
+    if plan.l0_check is not None and l0_over_count is None:  # a caller's error, before any charge
+        raise ValueError("the plan has an L0 check: pass l0_over_count")
     for c in own:
         ctx.accountant.charge(c.stage, c.budget, c.group)
     if plan.selection is not None:
@@ -193,7 +195,7 @@ def run_grouped(
     else:
         keys = public_keys()
         backend = backend_for(None)
-    check = {} if plan.l0_check is None else l0_check(plan, l0_counts, ctx, prefix)
+    check = {} if plan.l0_check is None else l0_check(plan, l0_over_count, ctx, prefix)
     inner_stat = per_group_statistic(stat, plan.group_share)
     shared = None
     if plan.shared is not None:
@@ -218,34 +220,35 @@ def run_grouped(
         rel: Release = run.results[gid]
         covers = rel.error_covers
         if rel.error_bar is not None:
-            # true of every grouped row (the L0 bound is public); the check says how many persons it cut
-            covers += (f"; over the kept (person, group) pairs: a person in more than max_groups_per_person = "
-                       f"{plan.l0} groups counts in {plan.l0} of them")
+            # true of every grouped row (the L0 bound is public), read first; the check sizes the cut
+            covers = (f"over the (person, group) pairs kept by the L0 bound (a person in more than "
+                      f"max_groups_per_person = {plan.l0} groups counts in {plan.l0} of them): {covers}")
             if check.get("l0_truncated"):
-                covers += (f"; WARNING (l0_truncated): about {check['l0_over_share']:.1%} of persons (DP) hold more "
-                           f"than {plan.l0} groups: the bar does not cover the statistic over every person in the group")
-        rel = Release(**{**rel.__dict__, "error_covers": covers, "parameters": {**rel.parameters, **extra, **check}})
+                covers += (f"; WARNING (l0_truncated): about {check['l0_over_persons']} +- "
+                           f"{check['l0_over_persons_bar']:g} persons (DP, 90%) hold more than {plan.l0} groups: the "
+                           "bar does not cover the statistic over every person in the group")
+        estimand = f"{rel.estimand}, over the (person, group) pairs kept by max_groups_per_person = {plan.l0}"
+        rel = Release(**{**rel.__dict__, "estimand": estimand, "error_covers": covers,
+                         "parameters": {**rel.parameters, **extra, **check}})
         out.append(GroupRelease(decode(key), rel))
     log.info("statistic %s: %d group(s) released in %d aggregation(s)", stat.name, len(out), run.batches)
     return out
 
 
-def l0_check(plan: GroupedPlan, l0_counts: Callable[[], tuple[int, int]], ctx: RunContext, prefix: str) -> dict:
-    """The L0 check: Laplace(2 / epsilon) on (persons holding more than L0 of the statistic's
-    groups, persons), charged to ``ctx.accountant`` before the noise; returns the parameters every
-    group's release carries (noisy counts rounded and clamped at 0, their ratio clamped to [0, 1],
-    the flag).
+def l0_check(plan: GroupedPlan, l0_over_count: Callable[[], int], ctx: RunContext, prefix: str) -> dict:
+    """The L0 check: Laplace(1 / epsilon) on the number of persons holding more than L0 of the
+    statistic's groups, charged to ``ctx.accountant`` before the noise; returns the parameters every
+    group's release carries: the noisy count (rounded, clamped at 0), its 90% half-width
+    (``ln(10)`` Laplace scales) and the flag (the noisy count at ``L0_CHECK_SCALES`` scales or more).
 
-    Privacy: add/remove one person changes the second count by 1 and the first by at most 1 (l1
-    sensitivity 2); pure (plan.l0_check.epsilon, 0)-DP. The exact counts never leave here."""
+    Privacy: add/remove one person changes the count by at most 1 (l1 sensitivity 1); pure
+    (plan.l0_check.epsilon, 0)-DP. The exact count never leaves here."""
     budget = plan.l0_check
     ctx.accountant.charge(f"{prefix}{STAGE_L0_CHECK}", budget)
-    over, total = l0_counts()
-    noisy, scale = laplace_mechanism(np.array([float(over), float(total)]), 2.0, budget.epsilon, ctx.noise)
-    del over, total
-    n_over, n_total = max(float(noisy[0]), 0.0), max(float(noisy[1]), 0.0)
-    share = min(n_over / n_total, 1.0) if n_total >= 1.0 else (1.0 if n_over > 0 else 0.0)
-    return {"l0_over_persons": round(n_over), "l0_persons": round(n_total), "l0_over_share": round(share, 4),
+    over = l0_over_count()
+    noisy, scale = laplace_mechanism(np.array([float(over)]), 1.0, budget.epsilon, ctx.noise)
+    del over
+    return {"l0_over_persons": round(max(float(noisy[0]), 0.0)), "l0_over_persons_bar": round(math.log(10.0) * scale, 1),
             "l0_truncated": bool(noisy[0] >= L0_CHECK_SCALES * scale)}
 
 
@@ -313,9 +316,9 @@ class NumpyGroupedInput:
             out[k] = out.get(k, 0) + 1
         return out
 
-    def l0_counts(self) -> tuple[int, int]:
-        """Exact (persons holding more than L0 keys, persons) (the L0 check only)."""
-        return int(self._over), int(self._pooled_gi.size)
+    def l0_over_count(self) -> int:
+        """The exact number of persons holding more than L0 keys (the L0 check only)."""
+        return int(self._over)
 
     def pooled(self):
         from dplib.aggregates import NumpyAggregates  # lazy: numpy twin only
@@ -362,4 +365,4 @@ def run_grouped_numpy(cfg, stat, source: NumpyGroupedInput, noise, accountant=No
     ctx = RunContext(cfg=cfg, records=None, summary=None, aggregates=None, salt="", noise=noise, accountant=acc,
                      prepared=prepared)
     return run_grouped(stat, plan, ctx, source.person_counts, source.pooled, source.public_keys, source.backend,
-                       lambda k: dict(zip(stat.group_by, json.loads(k))), source.l0_counts)
+                       lambda k: dict(zip(stat.group_by, json.loads(k))), source.l0_over_count)

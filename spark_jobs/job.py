@@ -269,7 +269,7 @@ def _run_grouped(stat, plan, ctx, inputs: _GroupedInputs, decode_key) -> list[Gr
     :func:`spark_jobs.grouping.run_grouped`."""
     source = inputs.source(stat)
     return run_grouped(stat, plan, ctx, source.person_counts, source.pooled, source.public_keys, source.backend,
-                       lambda k: decode_key(k, stat.group_by), source.l0_counts)
+                       lambda k: decode_key(k, stat.group_by), source.l0_over_count)
 
 
 def run_job(

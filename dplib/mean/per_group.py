@@ -82,6 +82,9 @@ from dplib.mean.scale_free import (
 )
 from dplib.mean.ranges import DeviationProfile, confirm_isolated_bins, deviation_profile_from_counts, profile_quantile
 from dplib.mean.scale_free_stages import (
+    STAGE_RANGE,
+    STAGE_RANGE_RETRY,
+    STAGE_RANGE_RETRY2,
     bar_bias,
     bar_tail,
     point_tail,
@@ -267,6 +270,7 @@ class SharedScale:
     setup: ScaleFreeSetup | None
     within: bool = False  # a joint within-group profile stage is on offer (grouped runs only)
     pooled_retry: bool = False  # the pooled (third) range run ran
+    range_epsilons: tuple[float, ...] = ()  # the range runs' planned epsilons (public), for messages
 
 
 def shared_scale(
@@ -287,8 +291,10 @@ def shared_scale(
     setup = scale_free_stages(backend, column, plan, SHARED_RUN_SHARES, stage_charger(accountant, charges), noise,
                               params)
     if setup is None:
+        runs = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2)
         return SharedScale(None, bool(params.get("range_retried")), None,
-                           pooled_retry="range_pooled_retry" in params)
+                           pooled_retry="range_pooled_retry" in params,
+                           range_epsilons=tuple(charges[r].budget.epsilon for r in runs if r in charges))
     rng = MagnitudeRange(setup.lower, setup.upper, setup.n_hat)
     # small data: the within-group profile's share went to the pooled profile (none is offered)
     return SharedScale(rng, setup.retried, setup, within=bool(joint_within) and not setup.small,
@@ -575,7 +581,11 @@ def group_person_mean(
     params = {**plan.describe(), "shared_range_retried": bool(shared.retried),
               "shared_pooled_retry": bool(shared.pooled_retry)}
     if shared.setup is None:
-        return _insufficient(INSUFFICIENT_REASON + " (the range shared by all groups)", plan, params)
+        runs = shared.range_epsilons
+        at = (f": its runs at epsilon {' / '.join(f'{e:.3g}' for e in runs)}, so roughly "
+              f"{' / '.join(f'{70.0 / e:,.0f}' for e in runs[:2])} persons in one octave or "
+              f"{10.9 / runs[-1]:,.0f} in four" if len(runs) == 3 else "")
+        return _insufficient(INSUFFICIENT_REASON + f" (the range shared by all groups{at})", plan, params)
     charge = stage_charger(accountant, charges)
 
     b_count = charge(STAGE_COUNT)

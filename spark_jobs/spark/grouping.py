@@ -114,11 +114,10 @@ class SparkGroupedInput:
         """Exact persons per key after the L0 bound (for the selection mechanism only; O(keys) rows)."""
         return {r[GKEY]: int(r["count"]) for r in self._summary.groupBy(GKEY).count().collect()}
 
-    def l0_counts(self) -> tuple[int, int]:
-        """Exact (persons holding more than L0 keys, persons) (for the L0 check only; one row)."""
-        r = self._summary.where(F.col("_rank") == F.lit(1)).agg(
-            F.count(F.when(F.col("_over"), 1)).alias("over"), F.count(F.lit(1)).alias("n")).collect()[0]
-        return int(r["over"]), int(r["n"])
+    def l0_over_count(self) -> int:
+        """The exact number of persons holding more than L0 keys (for the L0 check only; one row)."""
+        r = self._summary.where((F.col("_rank") == F.lit(1)) & F.col("_over")).agg(F.count(F.lit(1)).alias("over"))
+        return int(r.collect()[0]["over"])
 
     def backend(self, keys: list[str] | None = None, first_only: bool = False) -> SparkGroupedAggregates:
         """The grouped seam over the released keys: ``keys[i]`` (``_gkey`` JSON) gets group id ``i``;

@@ -328,15 +328,16 @@ def _l0_source(n, multi_share, l0=1, seed=0):
     return src, over
 
 
-def test_l0_counts_and_the_flag():
-    """The twin's exact (persons over L0, persons) against a direct count; a grouped count over
-    data where 30% of persons hold 3 keys at L0 = 1 carries the DP share (within 5 noise scales of
-    0.3 at epsilon 1 x 0.02), the flag and the warning in every bar's text; the L0 check is
-    charged once, at L0_CHECK_SHARE of the statistic (no selection)."""
+def test_l0_count_and_the_flag():
+    """The twin's exact number of persons over L0 against a direct count; a grouped count over
+    data where 30% of persons hold 3 keys at L0 = 1 carries the DP count (within 5 noise scales at
+    epsilon 1 x 0.02), its 90% bar, the flag, the kept-pairs sentence first in every bar's text and
+    the warning; the estimand names the L0 bound; the L0 check is charged once, at
+    L0_CHECK_SHARE of the statistic (no selection)."""
     from spark_jobs.grouping import STAGE_L0_CHECK, run_grouped_numpy
 
     src, over = _l0_source(3000, 0.3)
-    assert src.l0_counts() == (over, 3000) and 800 < over < 1000
+    assert src.l0_over_count() == over and 800 < over < 1000
     cfg = _cfg({"kind": "count", "columns": ["x"], "group_by": ["g"], "max_groups_per_person": 1,
                 "groups": {"keys": [["A"], ["B"], ["C"]]}})
     stat = cfg.statistics[0]
@@ -345,12 +346,15 @@ def test_l0_counts_and_the_flag():
     checks = [c for c in acc.charges if c.stage == f"s: {STAGE_L0_CHECK}"]
     assert len(checks) == 1 and checks[0].budget.epsilon == pytest.approx(1.0 * L0_CHECK_SHARE)
     assert composed_cost(acc.charges)[0] == pytest.approx(1.0)
-    scale = 2.0 / (1.0 * L0_CHECK_SHARE)  # l1 sensitivity 2
+    scale = 1.0 / (1.0 * L0_CHECK_SHARE)  # l1 sensitivity 1
     for r in rels:
         p = r.release.parameters
         assert p["l0_truncated"] is True and abs(p["l0_over_persons"] - over) <= 5 * scale
-        assert abs(p["l0_over_share"] - over / 3000) <= 5 * scale / 3000 + 0.01
-        assert "WARNING (l0_truncated)" in r.release.error_covers and "max_groups_per_person = 1" in r.release.error_covers
+        assert p["l0_over_persons_bar"] == pytest.approx(math.log(10.0) * scale, abs=0.05)
+        covers = r.release.error_covers
+        assert covers.startswith("over the (person, group) pairs kept by the L0 bound")
+        assert "WARNING (l0_truncated)" in covers and "max_groups_per_person = 1" in covers
+        assert r.release.estimand.endswith("kept by max_groups_per_person = 1")
 
 
 class _RecordingNoise:
@@ -370,8 +374,8 @@ class _RecordingNoise:
 
 
 def test_l0_check_scale_and_charge_before_noise():
-    """The check's one draw has scale 2 / epsilon_c (l1 sensitivity 2) and comes after its charge;
-    with zero noise it returns the exact pair; public keys no more than L0: no check planned."""
+    """The check's one draw has scale 1 / epsilon_c (l1 sensitivity 1) and comes after its charge;
+    with zero noise it returns the exact count; public keys no more than L0: no check planned."""
     from spark_jobs.grouping import STAGE_L0_CHECK, l0_check
     from spark_jobs.kinds import RunContext
 
@@ -382,12 +386,12 @@ def test_l0_check_scale_and_charge_before_noise():
     noise = _RecordingNoise(acc)
     ctx = RunContext(cfg=cfg, records=None, summary=None, aggregates=None, salt="", noise=noise, accountant=acc,
                      prepared={})
-    out = l0_check(plan, lambda: (400, 3000), ctx, "s: ")  # flagged from 3 x 100 persons
+    out = l0_check(plan, lambda: 150, ctx, "s: ")  # flagged from 3 x 50 persons
     ((scale, charged),) = noise.draws
-    assert scale == pytest.approx(2.0 / plan.l0_check.epsilon) and plan.l0_check.epsilon == pytest.approx(0.02)
+    assert scale == pytest.approx(1.0 / plan.l0_check.epsilon) and plan.l0_check.epsilon == pytest.approx(0.02)
     assert charged == [f"s: {STAGE_L0_CHECK}"]
-    assert out == {"l0_over_persons": 400, "l0_persons": 3000, "l0_over_share": 0.1333, "l0_truncated": True}
-    assert l0_check(plan, lambda: (299, 3000), ctx, "s: ")["l0_truncated"] is False
+    assert out == {"l0_over_persons": 150, "l0_over_persons_bar": 115.1, "l0_truncated": True}
+    assert l0_check(plan, lambda: 149, ctx, "s: ")["l0_truncated"] is False
     few = _cfg({"kind": "count", "columns": ["x"], "group_by": ["g"], "max_groups_per_person": 3,
                 "groups": {"keys": [["A"], ["B"], ["C"]]}})
     assert statistic_plan(few.statistics[0], few).l0_check is None
@@ -396,8 +400,8 @@ def test_l0_check_scale_and_charge_before_noise():
 def test_l0_check_rarely_flags_when_nobody_is_truncated():
     """Nobody holds more than L0 keys: the flag goes up only when the noise alone reaches
     L0_CHECK_SCALES scales (P = exp(-3) / 2 = 2.5% per run): at most 4 of 60 runs (binomial(60,
-    0.025) > 4: 2%). Power: 1% of 3,000 persons over L0 at epsilon 1 x 0.02 (30 persons, 0.3
-    noise scales) is rarely seen, 30% always (test above)."""
+    0.025) > 4: 2%). Power: 30 persons over L0 at epsilon 1 x 0.02 (0.6 noise scales) are rarely
+    seen, 900 always (test above)."""
     from spark_jobs.grouping import l0_check, statistic_plan
     from spark_jobs.kinds import RunContext
 
@@ -408,27 +412,26 @@ def test_l0_check_rarely_flags_when_nobody_is_truncated():
     for seed in range(60):
         ctx = RunContext(cfg=cfg, records=None, summary=None, aggregates=None, salt="", noise=SeededNoise([9, seed]),
                          accountant=Accountant(Budget(1.0, 1e-6)), prepared={})
-        out = l0_check(plan, lambda: (0, 3000), ctx, "s: ")
+        out = l0_check(plan, lambda: 0, ctx, "s: ")
         flags += out["l0_truncated"]
-        assert 0.0 <= out["l0_over_share"] <= 1.0 and out["l0_over_persons"] >= 0
+        assert out["l0_over_persons"] >= 0
     assert flags <= 4
 
 
 @pytest.mark.parametrize("extra_keys", [1, 3])
-def test_l0_counts_move_by_at_most_two_for_one_person(extra_keys):
-    """Add one person holding 1 or 3 keys (L0 = 1): the exact (over, persons) pair moves by at most
-    2 in l1 (the check's sensitivity)."""
-    src, _ = _l0_source(500, 0.3, seed=3)
+def test_l0_count_moves_by_at_most_one_for_one_person(extra_keys):
+    """Add one person holding 1 or 3 keys (L0 = 1): the exact count of persons over L0 moves by 0
+    or 1 (the check's sensitivity)."""
     rng = np.random.default_rng(3)
-    persons, keys, vals = [], [], []
+    persons, keys = [], []
     for p in range(500):
         held = list("ABC") if rng.random() < 0.3 else [str(rng.choice(list("ABC")))]
         persons += [f"p{p}"] * len(held)
         keys += [key_json([k]) for k in held]
     vals = rng.normal(5.0, 1.0, len(keys))
+    pub = [key_json([k]) for k in "ABC"]
+    base = NumpyGroupedInput(persons, keys, {"x": vals}, f"{3:064x}", 1, public=pub)
     add = list("ABC")[:extra_keys]
     nb = NumpyGroupedInput(persons + ["zz"] * len(add), keys + [key_json([k]) for k in add],
-                           {"x": np.concatenate([vals, np.full(len(add), 1e300)])}, f"{3:064x}", 1,
-                           public=[key_json([k]) for k in "ABC"])
-    a, b = src.l0_counts(), nb.l0_counts()
-    assert abs(a[0] - b[0]) + abs(a[1] - b[1]) == (2 if extra_keys > 1 else 1)
+                           {"x": np.concatenate([vals, np.full(len(add), 1e300)])}, f"{3:064x}", 1, public=pub)
+    assert nb.l0_over_count() - base.l0_over_count() == (1 if extra_keys > 1 else 0)

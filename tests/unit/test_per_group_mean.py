@@ -426,3 +426,17 @@ def test_locating_window_is_not_a_lone_spike():
     m1, u1, info = locating_histogram(_agg(y), "v", -0.68, 4.0, 0.67, ALL_PERSONS, 1.0,
                                       _SpikeNoise(1, float(exact.max()) + 10.0))
     assert abs(m1 - y.mean()) < 0.3 and info["located"] is True, (m1, info)
+
+
+def test_shared_range_refusal_names_its_runs_epsilons():
+    """150 persons spread over 1..500 at a shared budget of 0.3: no range run releases; each group's
+    INSUFFICIENT_DATA text names the three runs' epsilons (0.1, 0.15 and 0.3 of the shared budget)
+    and the persons they need (a new user read "roughly 70/epsilon" without knowing which epsilon)."""
+    v = np.random.default_rng(0).uniform(1.0, 500.0, 150)
+    plan = SharedScalePlan(Budget(0.3, 1e-6))
+    shared = shared_scale(_agg(v), "v", plan, SeededNoise(1), Accountant(plan.budget))
+    assert shared.setup is None and shared.range_epsilons == pytest.approx((0.03, 0.045, 0.09))
+    rel = group_person_mean(_agg(v[:50]), "v", GroupMeanPlan(Budget(0.7, 0.0)), SeededNoise(2),
+                            Accountant(Budget(0.7, 0.0)), shared=shared)
+    assert rel.status == "INSUFFICIENT_DATA"
+    assert "its runs at epsilon 0.03 / 0.045 / 0.09" in rel.error_covers and "2,333 / 1,556 persons" in rel.error_covers
