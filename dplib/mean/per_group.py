@@ -582,9 +582,8 @@ def group_person_mean(
               "shared_pooled_retry": bool(shared.pooled_retry)}
     if shared.setup is None:
         runs = shared.range_epsilons
-        at = (f": its runs at epsilon {' / '.join(f'{e:.3g}' for e in runs)}, so roughly "
-              f"{' / '.join(f'{70.0 / e:,.0f}' for e in runs[:2])} persons in one octave or "
-              f"{10.9 / runs[-1]:,.0f} in four" if len(runs) == 3 else "")
+        at = (f": its runs at epsilon {' / '.join(f'{e:.3g}' for e in runs)}, the first two needing roughly "
+              f"{' / '.join(f'{70.0 / e:,.0f}' for e in runs[:2])} persons in one octave" if len(runs) == 3 else "")
         return _insufficient(INSUFFICIENT_REASON + f" (the range shared by all groups{at})", plan, params)
     charge = stage_charger(accountant, charges)
 
