@@ -281,6 +281,20 @@ def test_grouped_mean_small_groups_skip_the_histogram_production_noise(spark, tm
     assert covered >= 0.8 * G, covered
 
 
+def _grouped_job(tmp_path, name: str, rows, kind: str, epsilon: float, keys):
+    """Records ``rows`` ((pid, grp, x) tuples) written as Parquet and the config of one grouped
+    statistic ``kind`` of ``x`` by ``grp`` over them (public ``keys``, L0 = 1, the whole budget)."""
+    path = str(tmp_path / f"{name}.parquet")
+    pd.DataFrame(rows, columns=["pid", "grp", "x"]).to_parquet(path, index=False)
+    return parse_config({
+        "job_name": name, "input": {"path": path, "format": "parquet"}, "privacy_unit": {"column": "pid"},
+        "budget": {"epsilon": epsilon, "delta": 1e-6},
+        "statistics": [{"name": "m" if kind == "mean" else "n", "kind": kind, "columns": ["x"], "share": 1.0,
+                        "group_by": ["grp"], "max_groups_per_person": 1, "groups": {"keys": [[k] for k in keys]}}],
+        "output": {"path": str(tmp_path / "out")}, "ledger": {"enabled": False},
+    })
+
+
 def test_grouped_mean_spread_small_data_production_noise(spark, tmp_path):
     """600 persons in 3 groups (one each), person means on the integers 0..39 (five octaves; 1-3
     records at the person's value), epsilon 1: the stages shared by all groups need the range
@@ -299,15 +313,7 @@ def test_grouped_mean_spread_small_data_production_noise(spark, tmp_path):
         truth[str(g)] = float(means.mean())
         for i, mu in enumerate(means):
             rows.extend((f"p{g}_{i}", str(g), mu) for _ in range(int(rng.integers(1, 4))))
-    path = str(tmp_path / "spread.parquet")
-    pd.DataFrame(rows, columns=["pid", "grp", "x"]).to_parquet(path, index=False)
-    cfg = parse_config({
-        "job_name": "grouped-spread", "input": {"path": path, "format": "parquet"}, "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 1.0, "delta": 1e-6},
-        "statistics": [{"name": "m", "kind": "mean", "columns": ["x"], "share": 1.0, "group_by": ["grp"],
-                        "max_groups_per_person": 1, "groups": {"keys": [["0"], ["1"], ["2"]]}}],
-        "output": {"path": str(tmp_path / "out")}, "ledger": {"enabled": False},
-    })
+    cfg = _grouped_job(tmp_path, "grouped-spread", rows, "mean", 1.0, ["0", "1", "2"])
     plan = plan_job(cfg)
     assert not any("pooled retry" in c.stage for c in plan.charges)  # inside the profile's share
     result = run_job(cfg, spark=spark)  # production noise
@@ -327,15 +333,7 @@ def test_grouped_count_flags_l0_truncation_production_noise(spark, tmp_path):
     persons hold it. The L0 check (Laplace(1 / (2 x 0.02)) = 25 on 600, flagged from 75) flags
     every row, its text says what the bar covers, and the count sits near the kept 200."""
     rows = [(f"p{i}", g, 1.0) for i in range(600) for g in "ABC" for _ in range(2)]
-    path = str(tmp_path / "all3.parquet")
-    pd.DataFrame(rows, columns=["pid", "grp", "x"]).to_parquet(path, index=False)
-    cfg = parse_config({
-        "job_name": "l0-check", "input": {"path": path, "format": "parquet"}, "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 2.0, "delta": 1e-6},
-        "statistics": [{"name": "n", "kind": "count", "columns": ["x"], "share": 1.0, "group_by": ["grp"],
-                        "max_groups_per_person": 1, "groups": {"keys": [["A"], ["B"], ["C"]]}}],
-        "output": {"path": str(tmp_path / "out")}, "ledger": {"enabled": False},
-    })
+    cfg = _grouped_job(tmp_path, "l0-check", rows, "count", 2.0, ["A", "B", "C"])
     plan = plan_job(cfg)
     assert [c.budget.epsilon for c in plan.charges if "beyond the L0 bound" in c.stage] == [pytest.approx(0.04)]
     result = run_job(cfg, spark=spark)  # production noise
