@@ -31,9 +31,9 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
-from typing import Any, Callable
 
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.grouped import GroupedAggregates, run_per_group

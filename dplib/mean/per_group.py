@@ -74,10 +74,10 @@ from dplib.mean.ranges import DEFAULT_EXPONENT_RANGE, MagnitudeRange, check_expo
 from dplib.mean.scale_free import (
     RADIUS_REACH,
     SMALL_RADIUS_NU,
-    SMALL_REACH,
     ScaleFreeMeanPlan,
     SharedRange,
     balanced_radius,
+    radius_cap,
     scale_free_person_mean,
 )
 from dplib.mean.ranges import DeviationProfile, confirm_isolated_bins, deviation_profile_from_counts, profile_quantile
@@ -90,6 +90,7 @@ from dplib.mean.scale_free_stages import (
     point_tail,
     INSUFFICIENT_REASON,
     PROFILE_SUB_EDGES,
+    RANGE_PERSONS_PER_EPSILON,
     SMALL_SUB_EDGES,
     ScaleFreeSetup,
     StageShares,
@@ -583,7 +584,8 @@ def group_person_mean(
     if shared.setup is None:
         runs = shared.range_epsilons
         at = (f": its runs at epsilon {' / '.join(f'{e:.3g}' for e in runs)}, the first two needing roughly "
-              f"{' / '.join(f'{70.0 / e:,.0f}' for e in runs[:2])} persons in one octave" if len(runs) == 3 else "")
+              f"{' / '.join(f'{RANGE_PERSONS_PER_EPSILON / e:,.0f}' for e in runs[:2])} persons in one octave"
+              if len(runs) == 3 else "")
         return _insufficient(INSUFFICIENT_REASON + f" (the range shared by all groups{at})", plan, params)
     charge = stage_charger(accountant, charges)
 
@@ -613,7 +615,7 @@ def group_person_mean(
     # mean's small-data path (a few measured octave bins leave the fit's lower bound near 2: 600
     # persons uniform on 0..39 clipped at ~100 around 20); the bars keep the conservative model
     radius_model = point_tail(s, SMALL_RADIUS_NU) if s.small else s.model
-    reach = SMALL_REACH * max(s.reach, s.bin_width) if s.small else RADIUS_REACH * s.reach
+    reach = radius_cap(s)
     rho_a = min(balanced_radius(radius_model, low, high, n_eps * RECENTRE_SHARE, s.centre_error), reach)
     b_a = Budget(eps_rest * RECENTRE_SHARE, 0.0)
     locate = s.fitted_nu >= LOCATE_MIN_NU

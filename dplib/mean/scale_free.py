@@ -125,7 +125,7 @@ __all__ = [
     "FLAG_NU", "LIGHT_NU", "LIGHT_RADIUS_NU", "PROFILE_OCTAVES_ABOVE", "PROFILE_OCTAVES_BELOW", "PROFILE_SHARE", "PROFILE_SUB_EDGES",
     "OVERFLOW_REFUSE", "RADIUS_REACH", "RANGE_RETRY_SHARE", "RANGE_SHARE", "REACH_FACTOR", "SMALL_DATA_BOOST", "STAGES", "STAGE_BALANCE",
     "STAGE_CENTRE", "STAGE_FINE", "STAGE_PROFILE", "STAGE_RANGE", "STAGE_RANGE_RETRY", "STAGE_RANGE_RETRY2", "ScaleFreeMeanPlan",
-    "ScaleFreeSetup", "StageShares", "balance_edge", "balanced_radius", "measured_reach", "scale_free_person_mean",
+    "ScaleFreeSetup", "StageShares", "balance_edge", "balanced_radius", "measured_reach", "radius_cap", "scale_free_person_mean",
     "scale_free_stages", "stage_charger", "tail_balance", "tail_balance_read", "tail_counts", "tail_from_profile",
 ]
 
@@ -152,6 +152,15 @@ RADIUS_REACH = 8.0
 #: The bar keeps the conservative model.
 SMALL_REACH = 2.0
 SMALL_RADIUS_NU = 2.0
+
+
+def radius_cap(setup) -> float:
+    """The most a clipping radius may be from a setup's DP outputs: RADIUS_REACH x how far the
+    profile measures, or on small data SMALL_REACH x the larger of that reach and the centre's
+    bin width (post-processing). Shared by the scale-free mean and the grouped mean's pooled path."""
+    if setup.small:
+        return SMALL_REACH * max(setup.reach, setup.bin_width)
+    return RADIUS_REACH * setup.reach
 #: One-sided tails (the tail balance reads the larger tail above BALANCE_RATIO times the smaller,
 #: by 2 noise sds: ``one_sided``) whose fit does not end the tail (point nu below this; a bounded
 #: column fits at the cap, 1000) take the tail beyond the profile no lighter than x^-NU_FLOOR, for
@@ -383,7 +392,7 @@ def scale_free_person_mean(
     elif model.nu >= LIGHT_RADIUS_NU and balanced is not None and not setup.one_sided:  # a light point fit: its lower bound (minus the margin) clipped Gaussians at ~5 sd
         radius_model = point_tail(setup, NU_FLOOR)
     rho = balanced_radius(radius_model, min(bin_width / 4.0, high / 2.0), 2.0 * high, setup.n_hat * eps_fine, centre_error)
-    reach = SMALL_REACH * max(setup.reach, setup.bin_width) if setup.small else RADIUS_REACH * setup.reach
+    reach = radius_cap(setup)
     capped = rho > reach
     rho = min(rho, reach)
     if light_symmetric:  # light, two-sided tails: clip where the profile stops measuring, x 1.5

@@ -410,9 +410,12 @@ def measured_reach(profile, model) -> float:
     return max(float(model.edges[-1]), x_vis)
 
 
+#: Persons x epsilon a thresholded range run needs in one octave, roughly (for messages).
+RANGE_PERSONS_PER_EPSILON = 70.0
 INSUFFICIENT_REASON = (
     "no magnitude bucket passed the threshold in any range run (too few persons for the scale-free "
-    "estimator at this budget: roughly 70/epsilon persons in one octave, or in four for the last run; "
+    f"estimator at this budget: roughly {RANGE_PERSONS_PER_EPSILON:.0f}/epsilon persons in one octave, or in four "
+    "for the last run; "
     "or magnitudes beyond the last run's public 2^-40..2^60, or options.exponent_range with delta = 0; "
     "or declare options.scale)"
 )
