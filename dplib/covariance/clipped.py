@@ -54,13 +54,13 @@ from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.scale_free_multivariate import (ScaleFreeMultivariatePlan, clamp_radius,
-                                               scale_free_multivariate_mean)
+                                               scale_free_multivariate_mean, zero_atom_reason)
 from dplib.mechanisms import NoiseSource, gaussian_sigma
 from dplib.mechanisms.basic import clamp_exact
 from dplib.seam import Aggregates
 
 ALGORITHM = "clipped-covariance/scale-free (CoinPress-style)"
-ALGORITHM_VERSION = "7"  # 7: stage 1 (the multivariate mean, version 7) retries a coordinate whose first range is the zero bucket alone; 6: the small-data layout (from the auto covariance's DP count: SMALL_MEAN_SHARE, SMALL_STAGE1, the multivariate mean's zoom, local scale median and radius clamp); 5: stage 1 (the multivariate mean, version 6) falls back to a joint-norm range instead of a second per-coordinate retry; 4: its stage 1 (the multivariate mean, version 5) retries its ranges with pure-DP buckets
+ALGORITHM_VERSION = "8"  # 8: no bar when stage 1 (the multivariate mean, version 8) kept a zero-atom coordinate (countymurders execs: a variance bar of 2e-23 against an exact 3e-3); 7: stage 1 (the multivariate mean, version 7) retries a coordinate whose first range is the zero bucket alone; 6: the small-data layout (from the auto covariance's DP count: SMALL_MEAN_SHARE, SMALL_STAGE1, the multivariate mean's zoom, local scale median and radius clamp); 5: stage 1 (the multivariate mean, version 6) falls back to a joint-norm range instead of a second per-coordinate retry; 4: its stage 1 (the multivariate mean, version 5) retries its ranges with pure-DP buckets
 STAGE_MEAN = "mean: "
 STAGE_SECOND = "second moment"
 #: Epsilon share of stage 1, and the shares of its centre, scale and norm-profile stages (of stage
@@ -486,6 +486,9 @@ def clipped_covariance(
     offset = float(np.linalg.norm((mu - np.asarray(p1["clipping_center"], float)) / scales))
     clip_bound = clipping_bound(mean_rel.norm_model, radius, offset)
     error_bar = entry_error_bar(m, shift, cov - unprojected, scales, sigma / denom, w, c, clip_bound)
+    zero_atoms = list(p1.get("zero_atom_coordinates", []))
+    if zero_atoms:  # a coordinate clipped at the zero bucket's scale: nothing bounds its bias
+        error_bar = None
     eps, delta = composed_cost(accountant.charges[start:])
     params.update(
         {
@@ -496,6 +499,7 @@ def clipped_covariance(
             "stage1_clipping_center": [float(x) for x in p1["clipping_center"]],
             "stage1_centre_zoomed_coordinates": p1.get("centre_zoomed_coordinates", []),
             "clipping_offset_scaled": offset,
+            "stage1_zero_atom_coordinates": zero_atoms,
             "stage1_radius_scaled": mean_radius,
             "noisy_person_count": round(n_noisy, 1),
             "second_moment_sigma_scaled": sigma / denom,
@@ -516,7 +520,9 @@ def clipped_covariance(
         }
     )
     params["clipping_bias_bound_scaled"] = clip_bound
-    if error_bar is None:
+    if zero_atoms:
+        covers = "nothing: " + zero_atom_reason([cols[j] for j in zero_atoms])
+    elif error_bar is None:
         covers = ("nothing: stage 1 gave no finite bound on the clipping bias of a second moment; the estimate "
                   "is private but has no honest error bar")
     else:
@@ -525,7 +531,7 @@ def clipped_covariance(
                   "clipping bias as stage 1's fitted norm tail bounds it (a fit, not a worst case: a heavier "
                   "tail beyond what stage 1 measured breaks it), and the move of the projection to positive "
                   "semidefinite")
-    if params["tail_flag"]:
+    if params["tail_flag"] and error_bar is not None:
         covers += ("; WARNING (tail_flag): the persons' vectors look heavy-tailed, and clipping then biases "
                    "the covariance downwards (seen: about half the exact values on flight delays); the bias "
                    "bound assumes that tail continues as fitted, which the data may break")

@@ -117,7 +117,7 @@ from dplib.mechanisms import NoiseSource, gaussian_sigma, pure_dp_histogram
 from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-multivariate-person-mean/scale-free"
-ALGORITHM_VERSION = "7"  # 7: a coordinate whose first range is the zero bucket alone retries (keeping it if the retry releases nothing), and goes on to the second and joint retries while still at the zero bucket (the clipped covariance on RandHIE: 7 of 20 runs released -> 20 of 20): RandHIE d = 4 released 10/20 -> 20/20 runs, a 93%-zero coordinate at 20,000 persons 100% -> 1.2% off; 6: the joint-norm range retry, its shared scale, the scale cap, the lost-range stop; 5: pure-DP range retries over public two-octave buckets (0.10 / 0.15); 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
+ALGORITHM_VERSION = "8"  # 8: a coordinate whose range stays at the zero bucket (at_zero_floor) leaves the norm profile (the radius no longer 130-190 on a 94%-zero column: the other coordinates 1.7 sd -> 0.03 sd off on 2,000 persons) and the release has no bar, flagged (the bar was the zero bucket's scale, ~1e-12, against an exact mean of 0.03); 7: a coordinate whose first range is the zero bucket alone retries (keeping it if the retry releases nothing), and goes on to the second and joint retries while still at the zero bucket (the clipped covariance on RandHIE: 7 of 20 runs released -> 20 of 20): RandHIE d = 4 released 10/20 -> 20/20 runs, a 93%-zero coordinate at 20,000 persons 100% -> 1.2% off; 6: the joint-norm range retry, its shared scale, the scale cap, the lost-range stop; 5: pure-DP range retries over public two-octave buckets (0.10 / 0.15); 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
 
 STAGE_RANGES = "coordinate ranges"
 STAGE_RANGES_RETRY = "coordinate ranges (retry)"
@@ -203,6 +203,13 @@ RADIUS_FLOOR_QUANTILE = 0.9
 RADIUS_CAP_QUANTILE = 0.99
 RADIUS_CAP_FACTOR = 1.5
 SCALE_OCTAVES_ABOVE = 2
+#: The scale a zero-atom coordinate takes in the norm profile only (its deviations then count as
+#: ~0 in the norms: the profile and the radius are the other coordinates')
+ZERO_ATOM_NORM_SCALE = 1e300
+#: A range containing 0 within +-2^ZERO_FLOOR_EXPONENT counts as the zero atom (:func:`at_zero_floor`):
+#: the zero bucket (|x| < 2^-40) and the retry's first two-octave bucket on either side. A column
+#: whose persons really live within ~1e-11 of 0 is then released without a bar (conservative).
+ZERO_FLOOR_EXPONENT = RETRY_EXPONENT_RANGE[0] + 2 * RETRY_OCTAVES
 CENTRE_SHARE = 0.04
 SCALES_SHARE = 0.05
 NORM_SHARE = 0.06
@@ -410,6 +417,26 @@ def zoom_center_from_counts(sparse: dict[int, int], epsilon: float, noise: Noise
     return lower + float(np.dot(wts, js + 0.5) / wts.sum()) * width
 
 
+def at_zero_floor(r) -> bool:
+    """True when a coordinate's range (a DP output) is the zero bucket alone, or the zero bucket
+    with no more than the pure retry's first two buckets beside it (``|x| <= 2^ZERO_FLOOR_EXPONENT``,
+    ~1.5e-11: a noise bucket next to the zero bucket passed in 3 of 300 runs of a 94%-zero column
+    and hid it from the zero-atom rule). Post-processing."""
+    if r.zero_atom:
+        return True
+    lo, hi = float(r.lower), float(r.upper)
+    return lo <= 0.0 <= hi and max(-lo, hi) <= 2.0**ZERO_FLOOR_EXPONENT
+
+
+def zero_atom_reason(columns: Sequence[str]) -> str:
+    """Why a release whose range of ``columns`` is the zero bucket alone has no error bar (public:
+    names and DP outcomes only)."""
+    return (", ".join(columns) + ": most persons are exactly 0 and too few of the others were "
+            "visible at this budget to release a range, so every non-zero person is clipped to the "
+            "zero bucket's scale and nothing measured bounds what that removes; the estimate is "
+            "private but has no honest error bar (more persons or a larger epsilon)")
+
+
 def _local_median(profile, epsilon: float) -> float:
     """Median of ``|Y - c|`` over the profile bins within SCALE_LOCAL_BINS of the fullest inner
     bin (noisy counts floored at 0, smoothed over 3 bins to find it), the underflow bin, and any
@@ -524,7 +551,8 @@ def scale_free_multivariate_mean(
         model's clipping-bias bound), or ``INSUFFICIENT_DATA`` when a coordinate's range
         histogram releases nothing in any range run (per-coordinate and joint), or a coordinate's
         range misses most of its persons (``range_lost_coordinates``). ``parameters["tail_flag"]``: the bar rests on a
-        tail the norm profile could not confirm.
+        tail the norm profile could not confirm. No bar (and ``tail_flag``) when a coordinate's
+        range stayed at the zero bucket (``zero_atom_coordinates``, :func:`at_zero_floor`).
 
     Raises
     ------
@@ -596,7 +624,8 @@ def scale_free_multivariate_mean(
         if r is None:
             return [None] * len(coords)
         top = max(abs(r.lower), abs(r.upper))
-        return [MagnitudeRange(-top, top, r.noisy_total)] * len(coords)
+        # (a joint run that released only the zero bucket stays a zero atom)
+        return [MagnitudeRange(-top, top, r.noisy_total, r.zero_atom)] * len(coords)
 
     # 1. per-coordinate magnitude ranges; if some coordinate released no bucket (or only the zero
     # bucket), a retry with a
@@ -642,6 +671,12 @@ def scale_free_multivariate_mean(
     uppers = np.array([r.upper for r in ranges])
     widths = uppers - lowers
     params["coordinate_ranges"] = [[float(a), float(b)] for a, b in zip(lowers, uppers)]
+    # coordinates whose range is the zero bucket alone after every retry (DP outcomes): most of
+    # their persons sit at exactly 0 and the rest were too few to release a bucket, so their scale
+    # is the zero bucket's (~1e-12) and every non-zero person lies beyond anything stage 3 or 4
+    # measures: no bound on their clipping bias (no error bar; see ZERO_ATOM_NO_BAR)
+    zero_atoms = [j for j, r in enumerate(ranges) if at_zero_floor(r)]
+    params["zero_atom_coordinates"] = zero_atoms
     boost = SMALL_DATA_BOOST if retried else 1.0
 
     # 2. per-coordinate centre
@@ -743,7 +778,17 @@ def scale_free_multivariate_mean(
     # 4. norm profile of the scaled deviations -> tail model of ||x||
     b = charge(STAGE_NORMS, eps_total * plan.norm_share * boost)
     low, high = 2.0**-NORM_OCTAVES_BELOW, 2.0**NORM_OCTAVES_ABOVE * math.sqrt(d)
-    counts = backend.norm_log_histogram(columns, centre, scales, group, HALF_OCTAVE)
+    # zero-atom coordinates (their scale the zero bucket's) left out of the profile: their non-zero
+    # persons sit ~1e12 scaled units out and read as a heavy tail, which put the final radius at
+    # 130-190 instead of ~5 (the other coordinates' noise 30x; seen 1.7 sd off on 2,000 persons).
+    # A public function of DP outcomes; those persons are still clipped in the final stage (their
+    # other coordinates pulled to the centre), and the release then has no bar (zero_atom_reason)
+    norm_scales = scales
+    if zero_atoms and len(zero_atoms) < d:
+        norm_scales = scales.copy()
+        norm_scales[zero_atoms] = ZERO_ATOM_NORM_SCALE
+        params["norm_profile_without"] = list(zero_atoms)
+    counts = backend.norm_log_histogram(columns, centre, norm_scales, group, HALF_OCTAVE)
     profile = confirm_isolated_bins(deviation_profile_from_counts(counts, b.epsilon, noise, low, high, HALF_OCTAVE))
     del counts
     model, fitted_nu, nu_used, tail_flag, overflow = tail_from_profile(profile, b.epsilon, plan.k)
@@ -791,6 +836,9 @@ def scale_free_multivariate_mean(
     with np.errstate(over="ignore", invalid="ignore"):
         half = scales * (z * noise_sd_scaled + bias_bound)
     error_bar = half if np.all(np.isfinite(half)) else None
+    if zero_atoms:  # flagged too: the non-zero persons are a tail no stage could see
+        error_bar = None
+        tail_flag = True
     eps, delta = composed_cost(accountant.charges[start:])
     params.update(
         {
@@ -809,7 +857,9 @@ def scale_free_multivariate_mean(
             "noise_sd": [float(x) for x in fin.sigma / fin.denom * scales],
         }
     )
-    if error_bar is None:
+    if zero_atoms:
+        covers = "nothing: " + zero_atom_reason([columns[j] for j in zero_atoms])
+    elif error_bar is None:
         covers = (
             "nothing: the norm profile gives no finite bound on the clipping bias (a tail heavier "
             "than x^-1); the estimate is private but has no honest error bar"

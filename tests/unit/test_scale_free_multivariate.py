@@ -777,6 +777,69 @@ def test_zero_atom_kept_when_its_retry_releases_nothing(monkeypatch):
     assert rel.parameters["range_retried_twice_coordinates"] == [1]
     # the joint run read it and released nothing: no joint scale for it
     assert rel.parameters["range_joint_coordinates"] == [1] and rel.parameters["range_joint_retry_released"] is False
+    # still the zero bucket alone: no bar (its scale is the zero bucket's), flagged, and why
+    assert rel.parameters["zero_atom_coordinates"] == [1]
+    assert rel.error_bar is None and rel.parameters["tail_flag"] is True
+    assert rel.error_covers.startswith("nothing: x1: most persons are exactly 0")
+
+
+def _mostly_zero(n: int, seed: int) -> np.ndarray:
+    """Coordinate 1 exactly 0 for ~94% of persons, the others lognormal over several octaves
+    (countymurders' `execs`: 94% of 2,197 counties at 0)."""
+    r = np.random.default_rng([seed, 11])
+    z = np.where(r.random(n) > 0.94, r.lognormal(-1.5, 1.5, n), 0.0)
+    return np.column_stack([r.normal(5, 1, n), z, r.normal(50, 10, n), r.normal(20, 3, n)])
+
+
+def test_zero_atom_coordinate_releases_no_bar():
+    """2,000 persons, coordinate 1 at exactly 0 for ~94% of them: no range run sees its other
+    persons at d = 4, eps 0.9, so its range stays the zero bucket and its scale ~1e-12. Before, the
+    release carried a bar of that scale (~1e-12) around a mean of ~0 against an exact mean near
+    0.03: 10 of 10 numpy runs missed by orders of magnitude. Now: no bar, flagged, the reason names
+    the column; the other coordinates are still released. Control: the same data with that
+    coordinate Gaussian keeps its bar."""
+    for s in range(3):
+        y = _mostly_zero(2000, s)
+        rel = scale_free_multivariate_mean(_backend(y, s), _cols(4), ScaleFreeMultivariatePlan(Budget(0.9, DELTA), 4),
+                                           SeededNoise(s))
+        assert rel.status == STATUS_OK
+        assert rel.parameters["zero_atom_coordinates"] == [1]
+        assert rel.error_bar is None and rel.parameters["tail_flag"] is True
+        assert "x1: most persons are exactly 0" in rel.error_covers and "no honest error bar" in rel.error_covers
+        # the clipped coordinate's estimate sits at the atom, far below its exact mean: why no bar
+        assert abs(rel.estimate[1]) < 1e-6 < y[:, 1].mean() / 10
+        assert abs(rel.estimate[2] - y[:, 2].mean()) < 2.0
+    y[:, 1] = np.random.default_rng(4).normal(0.03, 0.01, y.shape[0])
+    rel = scale_free_multivariate_mean(_backend(y, 4), _cols(4), ScaleFreeMultivariatePlan(Budget(0.9, DELTA), 4),
+                                       SeededNoise(4))
+    assert rel.parameters["zero_atom_coordinates"] == [] and rel.error_bar is not None
+
+
+def test_joint_run_keeps_a_zero_atom(monkeypatch):
+    """A joint retry that releases only the zero bucket hands its coordinates a zero-atom range
+    (it rebuilt the range symmetric and dropped the mark: the zero-atom rule never saw it)."""
+    import dplib.mean.scale_free_multivariate as mv
+    from dplib.mean.ranges import MagnitudeRange
+
+    real = mv.magnitude_range_from_counts
+    calls = []
+
+    def planted(*a, **k):
+        calls.append(a[2])
+        if a[2] > 0:  # the first run: every coordinate's own range except coordinate 1's
+            out = real(*a, **k)
+            return None if len(calls) == 2 else out
+        if calls.count(0.0) <= 2:  # the per-coordinate retries: nothing
+            return None
+        return MagnitudeRange(-2.0**-40, 2.0**-40, 1e4, zero_atom=True)  # the joint run: the zero bucket
+
+    monkeypatch.setattr(mv, "magnitude_range_from_counts", planted)
+    y = _zero_inflated(20_000, 1)
+    rel = scale_free_multivariate_mean(_backend(y, 1), _cols(3), ScaleFreeMultivariatePlan(Budget(EPS, DELTA), 3),
+                                       SeededNoise(1))
+    p = rel.parameters
+    assert p["range_joint_coordinates"] == [1] and p["range_joint_retry_released"] is True
+    assert p["zero_atom_coordinates"] == [1] and rel.error_bar is None
 
 
 @pytest.mark.parametrize("retry2", [True, False])
