@@ -40,6 +40,13 @@ def total_column(column: str) -> str:
     return f"__total__{column}"
 
 
+def display_name(column: str) -> str:
+    """The user's name for a column the kinds may have derived (``__total__v`` -> ``v (each
+    person's total)``), for messages and release texts."""
+    prefix = total_column("")
+    return f"{column[len(prefix):]} (each person's total)" if column.startswith(prefix) else column
+
+
 def check_derived(spec: Mapping[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
     """Validate ``{name: (column, operation)}``: string names, known operations, a derived name
     that is not also one of the source columns. Returns a plain dict."""

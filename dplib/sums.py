@@ -43,6 +43,7 @@ import numpy as np
 from dplib.budget import Accountant, composed_cost
 from dplib.groups import GroupRange
 from dplib.mean.error_bars import ERROR_LEVEL, laplace_iid_sum_upper
+from dplib.derived import display_name
 from dplib.mean.scale_free import RADIUS_GRID_PER_OCTAVE, RADIUS_REACH
 from dplib.mean.scale_free_stages import (
     bar_bias,
@@ -53,6 +54,7 @@ from dplib.mean.scale_free_stages import (
     StageShares,
     point_tail,
     scale_free_stages,
+    zero_atom_reason,
 )
 from dplib.mean.tails import StudentTail
 from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK, MeanRelease
@@ -60,7 +62,7 @@ from dplib.mechanisms import NoiseSource, clamp_exact, inflate, laplace_mechanis
 from dplib.seam import Aggregates
 
 ALGORITHM = "scale-free-clipped-sum"
-ALGORITHM_VERSION = "5"  # 5: the shared stages retry a range of only the zero bucket and run a pooled third range run when the first two release nothing (scale-free mean version 8); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
+ALGORITHM_VERSION = "6"  # 6: no bar (flagged) when the range stays at the zero floor (scale_free_stages.at_zero_floor: a bar of the zero bucket's scale); 5: the shared stages retry a range of only the zero bucket and run a pooled third range run when the first two release nothing (scale-free mean version 8); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 STAGE_SUM = "clipped sum"
 #: Early stages: the mean's range, centre and profile shares, no tail balance (its light-tail cap on
 #: the radius suits a mean, whose clipped excesses offset, not a sum of many persons: 12% larger
@@ -205,11 +207,13 @@ def person_sum(
     q = scale * math.log(1.0 / (1.0 - NOISE_LEVEL))  # the exact Laplace quantile
     n_up = persons_upper(setup)
     bias = n_up * bar_bias(model, lambda m: m.bias(rho))  # the bar's tail (bar_tail)
-    half = q + bias
+    half = q + bias if not setup.zero_atom else math.inf
     covers = ("the exact dataset statistic, at 90%: Laplace noise of the final stage (the clipped sum) "
               "and a DP bound on the clipping bias (per person, times a 0.99 upper bound on the number "
               "of persons from the deviation profile)")
-    if not math.isfinite(half):
+    if setup.zero_atom:  # the range at the zero floor: a bar of the zero bucket's scale
+        covers = "nothing: " + zero_atom_reason([display_name(column)])
+    elif not math.isfinite(half):
         covers = ("nothing: the deviation profile gives no finite bound on the clipping bias (no persons "
                   "measured in it, or a tail heavier than x^-1); the estimate is private but has no honest "
                   "error bar")

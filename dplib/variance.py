@@ -55,6 +55,7 @@ from dplib.mean.scale_free_stages import (
     point_tail,
     scale_free_stages,
     strict_tail,
+    zero_atom_reason,
 )
 from dplib.mean.tails import StudentTail
 from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK, MeanRelease
@@ -63,7 +64,7 @@ from dplib.seam import Aggregates
 
 ALGORITHM = "scale-free-clipped-variance"
 STDDEV_ALGORITHM = "scale-free-clipped-variance/stddev"
-ALGORITHM_VERSION = "5"  # 5: the shared stages retry a range of only the zero bucket and run a pooled third range run when the first two release nothing (scale-free mean version 8); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
+ALGORITHM_VERSION = "6"  # 6: no bar (flagged) when the range stays at the zero floor (scale_free_stages.at_zero_floor: a bar of the zero bucket's scale); 5: the shared stages retry a range of only the zero bucket and run a pooled third range run when the first two release nothing (scale-free mean version 8); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 STAGE_MOMENTS = "clipped moments"
 #: Early stages: the mean's range and centre shares, a larger profile (the radius and the bias
 #: bound rest on it) and no tail balance. Tuned on benchmarks/sum_variance_anchors.py.
@@ -286,7 +287,10 @@ def person_variance(
     covers = ("the exact dataset statistic, at 90%: Laplace noise of the final stage (second moment, "
               "first moment and count) and a DP bound on the clipping bias (one-sided: clipping only "
               "lowers a variance)")
-    if not math.isfinite(half):
+    if setup.zero_atom:  # the range at the zero floor: a bar of the zero bucket's scale
+        half, interval = math.inf, None
+        covers = "nothing: " + zero_atom_reason([column])
+    elif not math.isfinite(half):
         half, interval = math.inf, None
         covers = ("nothing: the deviation profile gives no finite bound on the clipping bias of a "
                   "second moment (a fitted tail heavier than x^-2, or no persons measured in it); the "

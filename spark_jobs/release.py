@@ -49,8 +49,10 @@ class ReleaseRow:
     config_hash: str
     code_version: str
     created_at: dt.datetime
-    #: True when the release's error bar rests on an assumption a DP check could not confirm
-    #: (``parameters.tail_flag`` of the means, ``parameters.l0_truncated`` of a grouped row); None
+    #: True when the release's error bar rests on an assumption a DP check could not confirm, or
+    #: when such a check found it could give no honest bar at all (a range at the zero floor: no
+    #: bar, ``parameters.zero_atom``) (``parameters.tail_flag`` of the means,
+    #: ``parameters.l0_truncated`` of a grouped row); None
     #: where the estimator makes no such check, and in rows written before the column existed.
     flagged: bool | None = None
     #: The group of a ``group_by`` statistic: ``{column: value}`` (values as strings, as Spark

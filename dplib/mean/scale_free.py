@@ -108,6 +108,7 @@ from dplib.mean.scale_free_stages import (  # the early stages; re-exported (see
     tail_balance_read,
     tail_counts,
     tail_from_profile,
+    zero_atom_reason,
 )
 from dplib.mean.univariate import (
     ERROR_LEVEL,
@@ -130,7 +131,7 @@ __all__ = [
 ]
 
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
-ALGORITHM_VERSION = "9"  # 9: the small-data radius cap is SMALL_REACH x max(the profile's reach, the centre's bin width) (a profile that sees nothing clipped 100 Gaussian persons at 0.4 sd in 14% of runs); 8: a pooled third range run (pure, 4 octaves per bucket) when the first two release nothing (jtrain firms, 128-155 persons: employ and sales released in 95-100% of runs instead of 0-5%); a first range of only the zero bucket (a zero-inflated column) runs the retry (3 octaves per bucket; wagepan shares of years in a state, 70-82% zeros: |error| 0.07-0.20 -> 0.008-0.03), and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
+ALGORITHM_VERSION = "10"  # 10: no bar (flagged) when the range stays at the zero floor (at_zero_floor: 2,000 persons 97% at 0, epsilon 0.3: bars of 5e-302 against exact means of ~0.02, 2 of 6 unflagged); 9: the small-data radius cap is SMALL_REACH x max(the profile's reach, the centre's bin width) (a profile that sees nothing clipped 100 Gaussian persons at 0.4 sd in 14% of runs); 8: a pooled third range run (pure, 4 octaves per bucket) when the first two release nothing (jtrain firms, 128-155 persons: employ and sales released in 95-100% of runs instead of 0-5%); a first range of only the zero bucket (a zero-inflated column) runs the retry (3 octaves per bucket; wagepan shares of years in a state, 70-82% zeros: |error| 0.07-0.20 -> 0.008-0.03), and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
 STAGE_FINE = "fine clip-and-noise"
 STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2, STAGE_CENTRE, STAGE_PROFILE, STAGE_BALANCE, STAGE_FINE)
 #: The radius never exceeds this multiple of how far the profile measures (:func:`measured_reach`).
@@ -408,12 +409,14 @@ def scale_free_person_mean(
 
     # error bar: (e_S - d e_N)/N~ + clipping-bias bound (order of products: no overflow near 1e300)
     bar = noise_and_sampling_quantile(scale / denom, (abs(deviation) / c) * (scale / denom), 0.0) + bias_bound
-    half = bar if math.isfinite(bar) else None
+    half = bar if math.isfinite(bar) and not setup.zero_atom else None
     covers = (
         "the exact dataset statistic, at 90%: Laplace noise of the fine stage (sum and count) and a "
         "DP bound on the clipping bias"
     )
-    if half is None:
+    if setup.zero_atom:  # the range at the zero floor: a bar of the zero bucket's scale (seen: 5e-302)
+        covers = "nothing: " + zero_atom_reason([column])
+    elif half is None:
         covers = (
             "nothing: the deviation profile gives no finite bound on the clipping bias (no persons "
             "measured in it, or a tail heavier than x^-1); the estimate is private but has no honest "

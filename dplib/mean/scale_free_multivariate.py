@@ -111,13 +111,13 @@ from dplib.mean.scale_free import (
     stage_charger,
     tail_from_profile,
 )
-from dplib.mean.scale_free_stages import bar_bias, tail_flag_reason
+from dplib.mean.scale_free_stages import at_zero_floor, bar_bias, tail_flag_reason, zero_atom_reason
 from dplib.mean.scale_free import PROFILE_SUB_EDGES as HALF_OCTAVE
 from dplib.mechanisms import NoiseSource, gaussian_sigma, pure_dp_histogram
 from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-multivariate-person-mean/scale-free"
-ALGORITHM_VERSION = "8"  # 8: a coordinate whose range stays at the zero bucket (at_zero_floor) leaves the norm profile (the radius no longer 130-190 on a 94%-zero column: the other coordinates 1.7 sd -> 0.03 sd off on 2,000 persons) and the release has no bar, flagged (the bar was the zero bucket's scale, ~1e-12, against an exact mean of 0.03); 7: a coordinate whose first range is the zero bucket alone retries (keeping it if the retry releases nothing), and goes on to the second and joint retries while still at the zero bucket (the clipped covariance on RandHIE: 7 of 20 runs released -> 20 of 20): RandHIE d = 4 released 10/20 -> 20/20 runs, a 93%-zero coordinate at 20,000 persons 100% -> 1.2% off; 6: the joint-norm range retry, its shared scale, the scale cap, the lost-range stop; 5: pure-DP range retries over public two-octave buckets (0.10 / 0.15); 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
+ALGORITHM_VERSION = "8"  # 8: a coordinate whose range stays at the zero bucket (at_zero_floor) leaves the norm profile (the radius no longer 130-190 on a 94%-zero column: the other coordinates up to 1.7 sd -> at most 0.66 sd off (median 0.045) on 2,000 persons) and the release has no bar, flagged (the bar was the zero bucket's scale, ~1e-12, against an exact mean of 0.03); 7: a coordinate whose first range is the zero bucket alone retries (keeping it if the retry releases nothing), and goes on to the second and joint retries while still at the zero bucket (the clipped covariance on RandHIE: 7 of 20 runs released -> 20 of 20): RandHIE d = 4 released 10/20 -> 20/20 runs, a 93%-zero coordinate at 20,000 persons 100% -> 1.2% off; 6: the joint-norm range retry, its shared scale, the scale cap, the lost-range stop; 5: pure-DP range retries over public two-octave buckets (0.10 / 0.15); 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
 
 STAGE_RANGES = "coordinate ranges"
 STAGE_RANGES_RETRY = "coordinate ranges (retry)"
@@ -206,10 +206,7 @@ SCALE_OCTAVES_ABOVE = 2
 #: The scale a zero-atom coordinate takes in the norm profile only (its deviations then count as
 #: ~0 in the norms: the profile and the radius are the other coordinates')
 ZERO_ATOM_NORM_SCALE = 1e300
-#: A range containing 0 within +-2^ZERO_FLOOR_EXPONENT counts as the zero atom (:func:`at_zero_floor`):
-#: the zero bucket (|x| < 2^-40) and the retry's first two-octave bucket on either side. A column
-#: whose persons really live within ~1e-11 of 0 is then released without a bar (conservative).
-ZERO_FLOOR_EXPONENT = RETRY_EXPONENT_RANGE[0] + 2 * RETRY_OCTAVES
+
 CENTRE_SHARE = 0.04
 SCALES_SHARE = 0.05
 NORM_SHARE = 0.06
@@ -415,26 +412,6 @@ def zoom_center_from_counts(sparse: dict[int, int], epsilon: float, noise: Noise
     if float(noisy[top]) < math.log(ZOOM_BINS / ZOOM_BETA) / epsilon or float(wts.sum()) < ZOOM_MASS * n_persons_hint:
         return None
     return lower + float(np.dot(wts, js + 0.5) / wts.sum()) * width
-
-
-def at_zero_floor(r) -> bool:
-    """True when a coordinate's range (a DP output) is the zero bucket alone, or the zero bucket
-    with no more than the pure retry's first two buckets beside it (``|x| <= 2^ZERO_FLOOR_EXPONENT``,
-    ~1.5e-11: a noise bucket next to the zero bucket passed in 3 of 300 runs of a 94%-zero column
-    and hid it from the zero-atom rule). Post-processing."""
-    if r.zero_atom:
-        return True
-    lo, hi = float(r.lower), float(r.upper)
-    return lo <= 0.0 <= hi and max(-lo, hi) <= 2.0**ZERO_FLOOR_EXPONENT
-
-
-def zero_atom_reason(columns: Sequence[str]) -> str:
-    """Why a release whose range of ``columns`` is the zero bucket alone has no error bar (public:
-    names and DP outcomes only)."""
-    return (", ".join(columns) + ": most persons are exactly 0 and too few of the others were "
-            "visible at this budget to release a range, so every non-zero person is clipped to the "
-            "zero bucket's scale and nothing measured bounds what that removes; the estimate is "
-            "private but has no honest error bar (more persons or a larger epsilon)")
 
 
 def _local_median(profile, epsilon: float) -> float:

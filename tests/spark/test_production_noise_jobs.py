@@ -357,6 +357,39 @@ def test_zero_inflated_mean_retries_its_range_through_the_job(spark, tmp_path):
     assert abs(row.estimate[0] - float(mu.mean())) <= tol
 
 
+def test_zero_floor_releases_no_bar_through_the_job(spark, tmp_path):
+    """A column at exactly 0 for ~97% of 2,000 persons (2 records each), through a job with the
+    production noise source: mean, sum and variance at epsilon 0.3 each. No range run sees the
+    other 3% at this budget, so each range stays at the zero floor: before, the mean released 0
+    with a bar of ~5e-302 against an exact mean of ~0.02 (sometimes unflagged); now each releases
+    no bar, flagged, naming the column. Numpy twin of this data and plan: the zero floor, no bar
+    and the flag in 200 of 200 seeded runs of each statistic."""
+    rng = np.random.default_rng(23)
+    n = 2_000
+    mu = np.where(rng.random(n) > 0.97, rng.lognormal(-1.5, 1.5, n), 0.0)
+    pdf = pd.DataFrame({"pid": np.repeat([f"a{i}" for i in range(n)], 2), "v": np.repeat(mu, 2)})
+    path = tmp_path / "mostly_zero.parquet"
+    pdf.to_parquet(path, index=False)
+    cfg = parse_config({
+        "job_name": "zero-floor",
+        "input": {"path": str(path), "format": "parquet"},
+        "privacy_unit": {"column": "pid"},
+        "budget": {"epsilon": 0.9, "delta": 1e-6},
+        "statistics": [{"name": k, "kind": k, "columns": ["v"], "share": 1 / 3} for k in ("mean", "sum", "variance")],
+        "output": {"path": str(tmp_path / "zero-floor-out")},
+        "ledger": {"enabled": False},
+    })
+    result = run_job(cfg, spark=spark)
+    assert len(result.rows) == 3
+    for row in result.rows:
+        assert row.noise_source == SecureNoise.name and row.status == "OK", row.error_covers
+        assert row.error_bar is None and row.flagged is True, (row.statistic, row.error_bar)
+        shown = "v (each person's total)" if row.statistic == "sum" else "v"
+        assert row.error_covers.startswith(f"nothing: {shown}: most persons are 0"), row.error_covers
+        assert json.loads(row.parameters)["zero_atom"] is True
+    assert result.epsilon_spent <= 0.9 * (1 + 1e-12)
+
+
 def test_pooled_range_retry_through_the_job(spark, tmp_path):
     """150 persons (x 3 records) whose means are spread over ~6 octaves (lognormal, log-sd 1):
     neither thresholded range run releases a bucket, the pooled retry (pure, 4-octave buckets)
