@@ -102,10 +102,15 @@ def test_clipped_sums_equal(persons, group, d, scales, radius):
     assert np.all(np.isfinite(s_sp))
 
 
-@pytest.mark.parametrize("group,d,scales", [(g, d, sc) for g in GROUPS for d in (1, 3, 10) for sc in ("none", "mixed")])
+@pytest.mark.parametrize("group,d,scales", [(g, d, sc) for g in GROUPS for d in (1, 3, 10)
+                                             for sc in ("none", "mixed", "zero_atom")])
 def test_norm_log_histograms_equal(persons, group, d, scales):
+    """("zero_atom": the scale the multivariate mean gives a coordinate at the zero floor in its
+    norm profile, 1e300, and a zero bucket's ~1e-13 beside it: deviations underflow toward 0)"""
     np_b, sp_b = persons
     sc = None if scales == "none" else np.array([0.5, 2.0, 1e-3, 7.0, 1.0, 1e3, 0.3, 4.0, 1e-2, 9.0])[:d]
+    if scales == "zero_atom":
+        sc = np.array([1e300, 2.0, 1e-13, 7.0, 1e300, 1e3, 0.3, 4.0, 1e-2, 9.0])[:d]
     center = np.array([0.5, -1.0, 2.0, 0.0, 3.0, 1e3, -7.0, 0.25, 1.0, 0.0])[:d]
     before = sp_b.rows_collected
     h_sp = sp_b.norm_log_histogram(COLS[:d], center, sc, group, (2**0.5,))
