@@ -211,12 +211,14 @@ def person_sum(
     covers = ("the exact dataset statistic, at 90%: Laplace noise of the final stage (the clipped sum) "
               "and a DP bound on the clipping bias (per person, times a 0.99 upper bound on the number "
               "of persons from the deviation profile)")
+    tail_flag = setup.tail_flag
     if setup.zero_atom:  # the range at the zero floor: a bar of the zero bucket's scale
         covers = "nothing: " + zero_atom_reason([display_name(column)])
     elif not math.isfinite(half):
         covers = ("nothing: the deviation profile gives no finite bound on the clipping bias (no persons "
                   "measured in it, or a tail heavier than x^-1); the estimate is private but has no honest "
                   "error bar")
+        tail_flag = True  # flagged: a release with no bar is not to be read as a valid value
     elif setup.tail_flag:
         covers += ("; WARNING (tail_flag): the persons' totals look heavy-tailed ("
                    f"{setup.flag_reason()}); the "
@@ -231,7 +233,7 @@ def person_sum(
         "tail_nu": round(setup.fitted_nu, 3),
         "tail_nu_point": round(float(model.nu), 3),
         "tail_nu_used": round(setup.nu_used, 3),
-        "tail_flag": setup.tail_flag,
+        "tail_flag": tail_flag,
         "profile_overflow_share": round(setup.overflow, 4),
         "final_epsilon": b_final.epsilon,
         "radius_capped": capped,

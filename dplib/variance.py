@@ -287,6 +287,7 @@ def person_variance(
     covers = ("the exact dataset statistic, at 90%: Laplace noise of the final stage (second moment, "
               "first moment and count) and a DP bound on the clipping bias (one-sided: clipping only "
               "lowers a variance)")
+    tail_flag = setup.tail_flag
     if setup.zero_atom:  # the range at the zero floor: a bar of the zero bucket's scale
         half, interval = math.inf, None
         covers = "nothing: " + zero_atom_reason([column])
@@ -295,6 +296,7 @@ def person_variance(
         covers = ("nothing: the deviation profile gives no finite bound on the clipping bias of a "
                   "second moment (a fitted tail heavier than x^-2, or no persons measured in it); the "
                   "estimate is private but has no honest error bar")
+        tail_flag = True  # flagged: a released 0 with no bar read as valid (a new user's trial)
     elif setup.tail_flag:
         covers += ("; WARNING (tail_flag): the persons' means look heavy-tailed ("
                    f"{setup.flag_reason()}); the "
@@ -310,7 +312,7 @@ def person_variance(
         "tail_nu": round(setup.fitted_nu, 3),
         "tail_nu_point": round(float(model.nu), 3),
         "tail_nu_used": round(setup.nu_used, 3),
-        "tail_flag": setup.tail_flag,
+        "tail_flag": tail_flag,
         "profile_overflow_share": round(setup.overflow, 4),
         "final_epsilon": b_final.epsilon,
         "radius_capped": capped,

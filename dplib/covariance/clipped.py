@@ -54,7 +54,8 @@ from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.scale_free_multivariate import (ScaleFreeMultivariatePlan, clamp_radius,
-                                               scale_free_multivariate_mean, zero_atom_reason)
+                                               scale_free_multivariate_mean, zero_atom_reason,
+                                               ZERO_ATOM_OTHERS)
 from dplib.mechanisms import NoiseSource, gaussian_sigma
 from dplib.mechanisms.basic import clamp_exact
 from dplib.seam import Aggregates
@@ -465,8 +466,18 @@ def clipped_covariance(
         radius = clamp_radius(radius, d)  # public clamp (as stage 1's on small data)
     radius = float(np.clip(np.nan_to_num(radius, nan=1.0, posinf=RADIUS_MAX), MIN_OUTER_RADIUS, RADIUS_MAX))
 
+    # zero-atom coordinates (stage 1's range at the zero floor) at HUGE in stage 2's clip: their
+    # non-zero persons, ~1e12 zero-bucket scales out, otherwise set those persons' clipped
+    # direction and pulled their other coordinates to the centre (a new user's variances beside a
+    # 95%-zero column 47-68% of the exact); their own rows and columns are released as 0 below
+    # (public scales: post-processing of stage 1's DP outputs)
+    zero_atoms = list(p1.get("zero_atom_coordinates", []))
+    clip_scales = scales.copy()
+    if zero_atoms and len(zero_atoms) < d:
+        clip_scales[zero_atoms] = HUGE
     accountant.charge(second.stage, budget2, second.group)
-    released, sigma, w, c = second_moment_release(backend, cols, mu, radius, plan.group, scales, sigma_unit, noise)
+    released, sigma, w, c = second_moment_release(backend, cols, mu, radius, plan.group, clip_scales, sigma_unit,
+                                                  noise)
     n_pairs = d * (d + 1) // 2
     noisy, first, n_noisy = released[:n_pairs], released[n_pairs:n_pairs + d] / c, float(released[-1]) / w
     denom = max(n_noisy, 1.0) if math.isfinite(n_noisy) else 1.0
@@ -479,14 +490,17 @@ def clipped_covariance(
     # projected onto the PSD cone in data units (the nearest PSD matrix in the Frobenius norm the
     # error is measured in: never farther from the true covariance than the unprojected estimate)
     with np.errstate(over="ignore", invalid="ignore"):
-        unprojected = np.nan_to_num(centred * scales[:, None] * scales[None, :], nan=0.0, posinf=1e300, neginf=-1e300)
+        unprojected = np.nan_to_num(centred * clip_scales[:, None] * clip_scales[None, :], nan=0.0, posinf=1e300,
+                                    neginf=-1e300)
+    if zero_atoms:  # at the zero floor: released as 0 (no bar; zero_atom_reason)
+        unprojected[zero_atoms, :] = 0.0
+        unprojected[:, zero_atoms] = 0.0
     cov = _psd(unprojected)
     # stage 1's norm model is about its clipping centre (the coarse centre, or the zoom's where it
     # replaced it)
     offset = float(np.linalg.norm((mu - np.asarray(p1["clipping_center"], float)) / scales))
     clip_bound = clipping_bound(mean_rel.norm_model, radius, offset)
     error_bar = entry_error_bar(m, shift, cov - unprojected, scales, sigma / denom, w, c, clip_bound)
-    zero_atoms = list(p1.get("zero_atom_coordinates", []))
     if zero_atoms:  # a coordinate clipped at the zero bucket's scale: nothing bounds its bias
         error_bar = None
     eps, delta = composed_cost(accountant.charges[start:])
@@ -521,7 +535,7 @@ def clipped_covariance(
     )
     params["clipping_bias_bound_scaled"] = clip_bound
     if zero_atoms:
-        covers = "nothing: " + zero_atom_reason([cols[j] for j in zero_atoms])
+        covers = "nothing: " + zero_atom_reason([cols[j] for j in zero_atoms]) + ZERO_ATOM_OTHERS
     elif error_bar is None:
         covers = ("nothing: stage 1 gave no finite bound on the clipping bias of a second moment; the estimate "
                   "is private but has no honest error bar")

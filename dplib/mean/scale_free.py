@@ -422,6 +422,7 @@ def scale_free_person_mean(
             "measured in it, or a tail heavier than x^-1); the estimate is private but has no honest "
             "error bar"
         )
+        tail_flag = True  # flagged: a release with no bar is not to be read as a valid value
     if half is not None and tail_flag:
         covers += (
             "; WARNING (tail_flag): the persons' means look heavy-tailed ("

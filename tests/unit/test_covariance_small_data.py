@@ -391,3 +391,29 @@ def test_mostly_zero_column_gives_no_bar_and_keeps_the_others():
         assert rel.covariance[1, 1] < 1e-6 * true[1, 1]  # why: clipped to the atom
         ratios = np.diag(rel.covariance)[[0, 2, 3]] / np.diag(true)[[0, 2, 3]]
         assert np.all(np.abs(ratios - 1.0) < 0.3), ratios
+
+
+def test_a_zero_atom_column_does_not_bias_the_others():
+    """4,000 persons; column z at 0 for 95% of them, and those 5% with z > 0 sit 3 sd higher in
+    column b (a new user's refunds beside basket values). The final clip (multivariate mean) and
+    stage 2 (covariance) scale z out of the norm (ZERO_ATOM_NORM_SCALE / HUGE): before, its non-zero
+    persons were clipped along z and their b pulled to the centre -- b's mean 0.09-0.13 sd low and
+    its variance 0.61-0.70 of the exact in 8 of 8 seeded runs; now within 0.04 sd and 0.95-1.01.
+    z itself is released at its clipping centre (~0) with no bar."""
+    from dplib.covariance.clipped import ClippedCovariancePlan, clipped_covariance
+    from dplib.mean.scale_free_multivariate import ScaleFreeMultivariatePlan, scale_free_multivariate_mean
+
+    cols = ["z", "b", "c"]
+    for s in range(4):
+        r = np.random.default_rng([s, 17])
+        nz = r.random(4000) < 0.05
+        y = np.column_stack([np.where(nz, r.lognormal(-1.5, 1.5, 4000), 0.0), r.normal(50, 10, 4000) + 30 * nz,
+                             r.normal(20, 3, 4000)])
+        be = NumpyAggregates({k: y[:, j] for j, k in enumerate(cols)},
+                             np.random.default_rng([s, 18]).integers(0, 2**32, 4000))
+        m = scale_free_multivariate_mean(be, cols, ScaleFreeMultivariatePlan(Budget(0.9, 1e-6), 3), SeededNoise(s))
+        cv = clipped_covariance(be, cols, ClippedCovariancePlan(Budget(0.9, 1e-6), 3), SeededNoise(s))
+        assert m.parameters["zero_atom_coordinates"] == [0] and cv.parameters["stage1_zero_atom_coordinates"] == [0]
+        assert abs(m.estimate[1] - y[:, 1].mean()) < 0.06 * y[:, 1].std()
+        assert abs(cv.covariance[1, 1] / y[:, 1].var() - 1.0) < 0.1
+        assert abs(m.estimate[0]) < 1e-6 and np.all(cv.covariance[0, :] == 0.0) and m.error_bar is None
