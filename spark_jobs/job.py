@@ -39,6 +39,13 @@ from spark_jobs.provenance import code_version
 from spark_jobs.release import RELEASES_LONG_TABLE, RELEASES_TABLE, ReleaseRow, to_json
 
 log = logging.getLogger("person_dp.job")
+#: Said (dry run, log) when ``ledger.path`` is not set: the default ledger sits under the output
+#: path, so a job on the same population that writes elsewhere keeps a separate budget.
+DEFAULT_LEDGER_WARNING = (
+    "ledger.path is not set, so this job's ledger is <output.path>/privacy_ledger: another job on "
+    "the same persons that writes to a different output path keeps a SEPARATE budget for them (the "
+    "spends do not add up). Set ledger.path to one table shared by every job on these persons."
+)
 
 #: Called at named points of :func:`run_job` ("before_reserve", "after_reserve",
 #: "before_release_commit", "after_release_commit"); tests pass one to inject a crash or a barrier.
@@ -84,6 +91,8 @@ class JobPlan:
         lines.append(f"total cost (composed): epsilon={eps:.6g}, delta={delta:.3g}")
         if cfg.ledger.enabled:
             lines.append(f"spent from population {cfg.population()!r} in ledger {cfg.ledger_path()}")
+            if not cfg.ledger.path:
+                lines.append("WARNING: " + DEFAULT_LEDGER_WARNING)
         else:
             lines.append("ledger disabled: no lifetime budget is kept (experiments only)")
         lines.append(f"output: {cfg.output.path}/releases (Delta)")
@@ -338,6 +347,8 @@ def run_job(
     table_path = output_path.rstrip("/") + "/releases"
 
     ledger = Ledger(absolute(cfg.ledger_path())) if cfg.ledger.enabled else None
+    if ledger is not None and not cfg.ledger.path:
+        log.warning("run %s: %s", run_id, DEFAULT_LEDGER_WARNING)
     population = cfg.population()
     if ledger is not None:
         # a crash between a release commit and its ledger update is repaired here

@@ -109,3 +109,22 @@ def test_coordinate_labels_of_a_distribution_release():
     assert coordinate_labels(dist) == ["ATL", "ORD", "OTHER"]
     vec = {"kind": "multivariate_mean", "columns": ["a", "b"], "estimate": [1.0, 2.0], "parameters": "{}"}
     assert coordinate_labels(vec) == ["a", "b"]
+
+
+def test_dry_run_warns_when_the_ledger_path_is_the_default(tmp_path):
+    """A new user ran two jobs on the same population with different output paths and got two
+    ledgers (9 and 3.97 epsilon spent, each under its own limit), with no warning: the dry run now
+    says so when ledger.path is not set, and not when it is."""
+    from spark_jobs.job import DEFAULT_LEDGER_WARNING, plan_job
+
+    text = plan_job(_cfg(tmp_path, tmp_path / "d.parquet")).render()
+    assert "WARNING: " + DEFAULT_LEDGER_WARNING in text and "SEPARATE budget" in text
+    shared = parse_config({
+        "job_name": "pre", "input": {"path": str(tmp_path / "d.parquet"), "format": "parquet"},
+        "privacy_unit": {"column": "user"}, "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "statistics": [{"name": "x_mean", "kind": "mean", "columns": ["x"], "share": 1.0}],
+        "output": {"path": str(tmp_path / "out")},
+        "ledger": {"population": "users", "path": str(tmp_path / "shared_ledger")},
+    })
+    text = plan_job(shared).render()
+    assert "shared_ledger" in text and DEFAULT_LEDGER_WARNING not in text
