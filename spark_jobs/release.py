@@ -105,6 +105,10 @@ class LongRow:
     privacy_unit: str
     estimand: str
     noise_source: str
+    #: the release row's ``flagged`` and ``error_covers`` (what its bar covers, or why it has none),
+    #: repeated per coordinate; null in rows written before the columns existed
+    flagged: bool | None = None
+    error_covers: str | None = None
 
 
 LONG_NULLABLE = frozenset(f.name for f in fields(LongRow) if "None" in str(f.type))
@@ -147,5 +151,6 @@ def long_rows(rows: list[ReleaseRow]) -> list[LongRow]:
                 group_key=r.group_key, coordinate=name, coordinate_index=i, value=value, error_bar=bar,
                 error_level=r.error_level, epsilon=r.epsilon, delta=r.delta, status=r.status,
                 privacy_unit=r.privacy_unit, estimand=r.estimand, noise_source=r.noise_source,
+                flagged=r.flagged, error_covers=r.error_covers,
             ))
     return out

@@ -131,9 +131,11 @@ def test_grouped_job_production_noise(spark, records, tmp_path):
     # the long-format table: one row per statistic x group x coordinate
     long_path = str(tmp_path / "releases_long")
     spark.read.format("delta").load(long_path).createOrReplaceTempView("releases_long_t")
-    got = spark.sql("SELECT value, error_bar FROM releases_long_t WHERE statistic = 'mean_by_origin' "
-                    "AND group_key['origin'] = 'C'").collect()
+    got = spark.sql("SELECT value, error_bar, flagged, error_covers FROM releases_long_t WHERE statistic = "
+                    "'mean_by_origin' AND group_key['origin'] = 'C'").collect()
     assert len(got) == 1 and got[0]["value"] == means["C"].estimate[0]
+    # each long row carries its release row's flag and bar text (a new user filtered on status alone)
+    assert got[0]["flagged"] == means["C"].flagged and got[0]["error_covers"] == means["C"].error_covers
     table = read_delta(long_path)  # delta-rs
     assert table.num_rows == len(result.rows)
     con = duckdb.connect()
