@@ -653,10 +653,10 @@ def scale_free_multivariate_mean(
     uppers = np.array([r.upper for r in ranges])
     widths = uppers - lowers
     params["coordinate_ranges"] = [[float(a), float(b)] for a, b in zip(lowers, uppers)]
-    # coordinates whose range is the zero bucket alone after every retry (DP outcomes): most of
-    # their persons sit at exactly 0 and the rest were too few to release a bucket, so their scale
-    # is the zero bucket's (~1e-12) and every non-zero person lies beyond anything stage 3 or 4
-    # measures: no bound on their clipping bias (no error bar; see ZERO_ATOM_NO_BAR)
+    # coordinates whose range stays at the zero floor after every retry (at_zero_floor; DP
+    # outcomes): most of their persons sit at 0 and the rest were too few to release a bucket, so
+    # their scale is the zero bucket's (~1e-13) and every non-zero person lies beyond anything
+    # stage 3 or 4 measures: no bound on their clipping bias (no error bar: zero_atom_reason)
     zero_atoms = [j for j, r in enumerate(ranges) if at_zero_floor(r)]
     params["zero_atom_coordinates"] = zero_atoms
     boost = SMALL_DATA_BOOST if retried else 1.0
@@ -763,8 +763,8 @@ def scale_free_multivariate_mean(
     # zero-atom coordinates (their scale the zero bucket's) left out of the profile: their non-zero
     # persons sit ~1e12 scaled units out and read as a heavy tail, which put the final radius at
     # 130-190 instead of ~5 (the other coordinates' noise 30x; seen 1.7 sd off on 2,000 persons).
-    # A public function of DP outcomes; those persons are still clipped in the final stage (their
-    # other coordinates pulled to the centre), and the release then has no bar (zero_atom_reason)
+    # A public function of DP outcomes; the final clip leaves them out too (below), and the
+    # release then has no bar (zero_atom_reason)
     norm_scales = scales
     if zero_atoms and len(zero_atoms) < d:
         norm_scales = scales.copy()
