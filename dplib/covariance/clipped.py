@@ -530,7 +530,8 @@ def clipped_covariance(
             "stage1_coordinate_ranges": p1.get("coordinate_ranges"),
             # the release's flag (the releases table's `flagged` column): stage 1 read the persons'
             # norms as heavy-tailed, so the clipping radius may cut much of the spread
-            "tail_flag": bool(p1.get("tail_flag", False)),
+            # (also with no bar: not a value to read as it stands, as the univariate kinds)
+            "tail_flag": bool(p1.get("tail_flag", False)) or error_bar is None,
         }
     )
     params["clipping_bias_bound_scaled"] = clip_bound

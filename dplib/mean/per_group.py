@@ -722,7 +722,7 @@ def group_person_mean(
     bias_bound = max(bounds) + max(offset - rho, 0.0)
     bar = dev_noise + bias_bound
     half = float(bar) if math.isfinite(bar) and not s.zero_atom else None
-    tail_flag = tail_flag or s.zero_atom
+    tail_flag = tail_flag or half is None  # no bar: not a value to read as it stands (as the univariate kinds)
     # a located group's bulk should sit within u1 of its mean (light, two-sided tails: the premise
     # of locating by histogram); a fine-stage deviation beyond u1 plus its own 90% noise says the
     # bulk lies away from the mean -- a long one-sided tail the pooled fit did not show -- whose

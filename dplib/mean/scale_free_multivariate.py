@@ -827,6 +827,7 @@ def scale_free_multivariate_mean(
     with np.errstate(over="ignore", invalid="ignore"):
         half = scales * (z * noise_sd_scaled + bias_bound)
     error_bar = half if np.all(np.isfinite(half)) else None
+    tail_flag = tail_flag or error_bar is None  # no bar: not a value to read as it stands (as the univariate kinds)
     if zero_atoms:  # flagged too: the non-zero persons are a tail no stage could see
         error_bar = None
         tail_flag = True

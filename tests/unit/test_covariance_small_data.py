@@ -417,3 +417,26 @@ def test_a_zero_atom_column_does_not_bias_the_others():
         assert abs(m.estimate[1] - y[:, 1].mean()) < 0.06 * y[:, 1].std()
         assert abs(cv.covariance[1, 1] / y[:, 1].var() - 1.0) < 0.1
         assert abs(m.estimate[0]) < 1e-6 and np.all(cv.covariance[0, :] == 0.0) and m.error_bar is None
+
+
+def test_a_vector_release_without_a_bar_is_flagged(monkeypatch):
+    """Light Gaussian data (nothing flags it) with the bias bound forced infinite: the
+    multivariate mean and the covariance then release no bar, and are flagged, as the univariate
+    kinds are (a no-bar release read as a valid value in a new user's trial)."""
+    import math
+
+    import dplib.covariance.clipped as cc
+    import dplib.mean.scale_free_multivariate as mv
+
+    y = _mixed_units(3000, 3)
+    ok_mean = mv.scale_free_multivariate_mean(_backend(y, 3), COLS, mv.ScaleFreeMultivariatePlan(Budget(0.9, 1e-6), 4),
+                                              SeededNoise(3))
+    assert ok_mean.error_bar is not None and ok_mean.parameters["tail_flag"] is False  # the control
+    monkeypatch.setattr(mv, "bar_bias", lambda model, bound: math.inf)
+    monkeypatch.setattr(cc, "clipping_bound", lambda *a: (math.inf, math.inf))
+    m = mv.scale_free_multivariate_mean(_backend(y, 3), COLS, mv.ScaleFreeMultivariatePlan(Budget(0.9, 1e-6), 4),
+                                        SeededNoise(3))
+    c = cc.clipped_covariance(_backend(y, 3), COLS, cc.ClippedCovariancePlan(Budget(0.9, 1e-6), 4), SeededNoise(3))
+    for rel in (m, c):
+        assert rel.status == "OK" and rel.error_bar is None and rel.parameters["tail_flag"] is True
+        assert rel.error_covers.startswith("nothing")

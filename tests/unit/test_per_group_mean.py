@@ -464,9 +464,6 @@ def test_a_count_below_its_noise_does_not_collapse_the_radius():
     25-aircraft carrier of the flights benchmark, released 17 off its mean and outside its bar) and
     the median error over 40 seeds was 2.9 on a group of sd 1. The radii now read the count as at
     least COUNT_FLOOR_SCALES of its scales (~29 persons): radius 5.7, median error 0.68."""
-    from dplib.mean.per_group import COUNT_FLOOR_SCALES
-
-    assert COUNT_FLOOR_SCALES == 1.0
     pooled = shared_scale(_agg(_pooled()), "v", SharedScalePlan(Budget(1.0, 1e-6)), SeededNoise(1),
                           Accountant(Budget(1.0, 1e-6)))
     errs, covered = [], 0
@@ -499,3 +496,22 @@ def test_shared_range_at_the_zero_floor_gives_no_bar_on_either_path():
         assert rel.status == "OK" and rel.parameters["path"] == path, rel.parameters.get("path")
         assert rel.error_bar is None and rel.parameters["tail_flag"] is True
         assert rel.error_covers.startswith("nothing: v: most persons are 0")
+
+
+def test_a_group_without_a_bar_is_flagged(monkeypatch):
+    """The pooled clip with its bias bound forced infinite (light data, nothing else flags it):
+    no bar, and flagged."""
+    import math
+
+    import dplib.mean.per_group as pg
+
+    pooled = shared_scale(_agg(_pooled()), "v", SharedScalePlan(Budget(1.0, 1e-6)), SeededNoise(1),
+                          Accountant(Budget(1.0, 1e-6)))
+    y = 8.0 + np.random.default_rng(2).normal(0.0, 1.0, 800)
+    ok = group_person_mean(_agg(y), "v", GroupMeanPlan(Budget(0.2, 0.0)), SeededNoise(5), Accountant(Budget(0.2, 0.0)),
+                           shared=pooled)
+    assert ok.error_bar is not None and ok.parameters["tail_flag"] is False  # the control
+    monkeypatch.setattr(pg, "bar_bias", lambda model, bound: math.inf)
+    rel = group_person_mean(_agg(y), "v", GroupMeanPlan(Budget(0.2, 0.0)), SeededNoise(5), Accountant(Budget(0.2, 0.0)),
+                            shared=pooled)
+    assert rel.parameters["path"] == PATH_POOLED and rel.error_bar is None and rel.parameters["tail_flag"] is True
