@@ -20,7 +20,8 @@ from dplib.budget import Accountant, Budget, Charge
 from dplib.errors import BudgetExceededError, InvalidParameterError
 from dplib.groups import ALL_PERSONS
 from dplib.mean.error_bars import laplace_iid_sum_upper, laplace_sum_quantile
-from dplib.mean.scale_free_stages import STAGE_CENTRE, STAGE_PROFILE, STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2
+from dplib.mean.scale_free_stages import (STAGE_BALANCE, STAGE_CENTRE, STAGE_PROFILE, STAGE_RANGE, STAGE_RANGE_RETRY,
+                                         STAGE_RANGE_RETRY2)
 from dplib.mean.tails import StudentTail, t_abs_second_excess
 from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK
 from dplib.mechanisms import SeededNoise
@@ -154,14 +155,14 @@ def test_laplace_iid_sum_upper_bounds_the_tail(k):
 
 
 @pytest.mark.parametrize("budget", [Budget(1.0, 1e-6), Budget(0.5, 0.0)], ids=["approx", "pure"])
-def test_plan_cost_is_the_budget_and_has_no_balance_stage(budget):
+def test_plan_cost_is_the_budget_with_the_balance_stage(budget):
     plan = ScaleFreeVariancePlan(budget)
     names = [c.stage for c in plan.charges("v: ")]
     assert names == ["v: " + s for s in (
-        STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2, STAGE_CENTRE, STAGE_PROFILE, STAGE_MOMENTS)]
-    # public shares: 0.04 + 0.20 + 0.15 (pooled retry) + 3 x 0.04 + 2 x 0.10 (after a retry) + the rest
+        STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2, STAGE_CENTRE, STAGE_PROFILE, STAGE_BALANCE, STAGE_MOMENTS)]
+    # public shares: 0.04 + 0.20 + 0.15 (pooled retry) + 3 x 0.04 + 2 x 0.10 (after a retry) + 0.05 + the rest
     eps = [c.budget.epsilon / budget.epsilon for c in plan.charges()]
-    assert eps == pytest.approx([0.04, 0.20, 0.15, 0.12, 0.20, 0.29])
+    assert eps == pytest.approx([0.04, 0.20, 0.15, 0.12, 0.20, 0.05, 0.24])
     assert (plan.cost().epsilon, plan.cost().delta) == pytest.approx((budget.epsilon, budget.delta))
     # the exact budget is accepted, a hair less refused, before anything is charged
     Accountant(budget).check(plan.charges())
@@ -181,10 +182,46 @@ def test_each_stage_is_charged_before_its_noise_and_the_total_is_the_budget():
     noise = RecordingNoise(5, acc)
     rel = person_variance(backend(y), "v", ScaleFreeVariancePlan(BUDGET), noise, acc, "v: ")
     assert rel.status == STATUS_OK
-    assert [c.stage for c in acc.charges] == ["v: " + s for s in (STAGE_RANGE, STAGE_CENTRE, STAGE_PROFILE, STAGE_MOMENTS)]
-    assert noise.charges_at_call == [1, 2, 3, 4]  # every draw after its own stage's charge
+    assert [c.stage for c in acc.charges] == ["v: " + s for s in (
+        STAGE_RANGE, STAGE_CENTRE, STAGE_PROFILE, STAGE_BALANCE, STAGE_MOMENTS)]
+    assert noise.charges_at_call == [1, 2, 3, 4, 5]  # every draw after its own stage's charge
     assert noise.exact[-1].shape == (3,)  # (sum u^2, w1 sum u, w0 n) in one release
     assert rel.epsilon == pytest.approx(1.0, rel=1e-12) and rel.delta == pytest.approx(5e-7)
+
+
+def test_one_long_tail_gives_no_bar_and_a_flag_while_light_tails_keep_theirs():
+    """Flights dep_delay per aircraft (4,037 aircraft; the tail balance reads the right tail heavier,
+    ~1% of aircraft far out hold ~58% of the variance, invisible to the profile): beyond the profile
+    the tail is taken no lighter than x^-2 (as the mean takes it), so the variance has no bar and is
+    flagged. Version 6 released bars that missed the exact variance, unflagged, in 33 of 200 numpy
+    runs (4 of these 24 seeds). Gaussian person means keep their bars, and they cover."""
+    from spark_jobs.datasets import load_flights
+
+    df = load_flights()[["tailnum", "dep_delay"]].dropna()
+    y = df[df.tailnum != "NA"].groupby("tailnum").dep_delay.mean().to_numpy(float)
+    exact = float(y.var())
+    one_sided = 0
+    for s in range(24):
+        ids = np.random.default_rng(s).integers(0, 2**32, y.size)
+        rel = person_variance(NumpyAggregates({"v": y}, ids), "v", ScaleFreeVariancePlan(BUDGET), SeededNoise(s))
+        assert rel.status == STATUS_OK
+        if rel.parameters["tail_one_sided"]:
+            one_sided += 1
+            assert rel.error_bar is None and rel.parameters["interval_90"] is None
+            assert rel.parameters["tail_flag"] and "one long tail" in rel.error_covers
+        if rel.error_bar is not None and not rel.parameters["tail_flag"]:  # no unflagged bar that misses
+            lo, hi = rel.parameters["interval_90"]
+            assert lo <= exact <= hi, (s, rel.estimate, lo, hi, exact)
+    assert one_sided >= 3
+    covered, barred = 0, 0
+    for s in range(12):
+        g = np.random.default_rng(100 + s).normal(10.0, 5.0, 4000)
+        rel = person_variance(backend(g), "v", ScaleFreeVariancePlan(BUDGET), SeededNoise(100 + s))
+        assert not rel.parameters["tail_one_sided"]
+        if rel.error_bar is not None:
+            barred += 1
+            covered += rel.parameters["interval_90"][0] <= g.var() <= rel.parameters["interval_90"][1]
+    assert barred >= 10 and covered >= barred - 2
 
 
 def test_too_small_accountant_refuses_before_any_noise():
