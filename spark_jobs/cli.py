@@ -125,11 +125,12 @@ def cmd_run(args) -> int:
 
     cfg = load_config(args.config, args.set)
     if args.dry_run:
-        from spark_jobs.preflight import check_input_schema  # lazy: as above
+        from spark_jobs.preflight import check_input_schema, check_output_paths  # lazy: as above
 
         print(plan_job(cfg).render())
         # the input's schema as the run will check it, from metadata only (no row is read)
         print(check_input_schema(cfg, need_row=False))
+        print(check_output_paths(cfg))
         return 0
     result = run_job(cfg, run_id=args.run_id)
     if result.reused:
@@ -228,11 +229,12 @@ def cmd_validate(args) -> int:
     """``person-dp validate``: the config, its privacy plan and the input schema, without Spark."""
     from spark_jobs.config import load_config  # lazy: per command; main() reports a missing extra
     from spark_jobs.job import plan_job  # lazy: per command; main() reports a missing extra
-    from spark_jobs.preflight import check_input_schema  # lazy: per command; main() reports a missing extra
+    from spark_jobs.preflight import check_input_schema, check_output_paths  # lazy: per command; main() reports a missing extra
 
     cfg = load_config(args.config, args.set)
     eps, delta = plan_job(cfg).cost
     schema = check_input_schema(cfg)  # raises on a schema the config cannot run on: nothing "valid" printed first
+    check_output_paths(cfg)
     print(f"config {args.config}: valid; plan cost epsilon={eps:.6g} delta={delta:.3g}")
     print(schema)
     return 0

@@ -345,6 +345,9 @@ def run_job(
     log.info("run %s: plan checked, cost epsilon=%.6g delta=%.3g", run_id, *job_plan.cost)
     output_path = absolute(cfg.output.path)
     table_path = output_path.rstrip("/") + "/releases"
+    from spark_jobs.preflight import check_output_paths  # lazy: preflight imports this module
+
+    check_output_paths(cfg)  # a local output or ledger path that cannot be created: refused before any charge
 
     ledger = Ledger(absolute(cfg.ledger_path())) if cfg.ledger.enabled else None
     if ledger is not None and not cfg.ledger.path:

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from dplib.budget import Budget
-from dplib.errors import BudgetExceededError, InputDataError
+from dplib.errors import BudgetExceededError, ConfigError, InputDataError
 from spark_jobs.config import parse_config
 from spark_jobs.ledger import Ledger
-from spark_jobs.preflight import check_input_schema, ledger_room
+from spark_jobs.preflight import check_input_schema, check_output_paths, ledger_room
 
 
 def _cfg(tmp_path, path, fmt="parquet", column="user", limit=(10.0, 1e-4), **extra):
@@ -128,3 +128,59 @@ def test_dry_run_warns_when_the_ledger_path_is_the_default(tmp_path):
     })
     text = plan_job(shared).render()
     assert "shared_ledger" in text and DEFAULT_LEDGER_WARNING not in text
+
+
+def test_output_paths_that_cannot_be_created_are_refused_before_any_charge(tmp_path):
+    """A new user's output.path under a CSV file (``data.csv/out``) passed validate, reserved epsilon 1
+    and ended in a Delta traceback with the reservation kept. Now validate, the dry run and the job
+    refuse it from the file system's metadata, naming the field; a fresh nested path is fine."""
+    data = tmp_path / "data.csv"
+    data.write_text("user,x\nu1,1.0\n")
+    cfg = _cfg(tmp_path, data, fmt="csv")
+    assert "can be written" in check_output_paths(cfg)
+    bad = cfg.model_copy(update={"output": cfg.output.model_copy(update={"path": str(data / "out")})})
+    with pytest.raises(ConfigError, match="output.path.*not a directory"):
+        check_output_paths(bad)
+    ledger_bad = cfg.model_copy(update={"ledger": cfg.ledger.model_copy(update={"path": str(data / "ledger")})})
+    with pytest.raises(ConfigError, match="ledger.path"):
+        check_output_paths(ledger_bad)
+    nested = cfg.model_copy(update={"output": cfg.output.model_copy(update={"path": str(tmp_path / "a" / "b" / "c")})})
+    assert "can be written" in check_output_paths(nested)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        import os
+        if not os.access(ro, os.W_OK):  # (root can write anywhere: nothing to check then)
+            ro_cfg = cfg.model_copy(update={"output": cfg.output.model_copy(update={"path": str(ro / "out")})})
+            with pytest.raises(ConfigError, match="not writable"):
+                check_output_paths(ro_cfg)
+    finally:
+        ro.chmod(0o700)
+
+
+def test_a_run_whose_output_cannot_be_created_charges_nothing(tmp_path, capsys):
+    """Through the CLI (`person-dp run`, no dry run): exit 2 naming output.path, before any Spark
+    session or ledger entry (the ledger table is not even created); `validate` says the same."""
+    import yaml
+
+    from spark_jobs.cli import main
+
+    data = tmp_path / "data.parquet"
+    _frame().to_parquet(data)
+    cfg = {
+        "job_name": "pre", "input": {"path": str(data), "format": "parquet"},
+        "privacy_unit": {"column": "user"}, "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "statistics": [{"name": "x_mean", "kind": "mean", "columns": ["x"], "share": 1.0}],
+        "output": {"path": str(data / "out")},
+        "ledger": {"population": "users", "path": str(tmp_path / "ledger"),
+                   "initial_limit": {"epsilon": 10.0, "delta": 1e-4}},
+    }
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    assert main(["validate", "--config", str(p)]) == 2
+    assert "output.path" in capsys.readouterr().err
+    assert main(["run", "--config", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "output.path" in err and "not a directory" in err and "Traceback" not in err
+    assert not (tmp_path / "ledger").exists()
