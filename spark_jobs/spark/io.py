@@ -219,6 +219,21 @@ def check_category_types(schema, cfg) -> None:
 
     fields = {f.name: f for f in schema.fields}
     for stat in cfg.statistics:
+        # a public group key that YAML read as a boolean (yes / no / on / off / true / false) can
+        # never match a text or numeric group column: every listed group would be released from
+        # nobody, silently (a new user's trial: groups {keys: [[yes], [no]]} on a string column)
+        groups = getattr(stat, "groups", None)
+        if stat.group_by and groups is not None and groups.keys:
+            for i, col in enumerate(stat.group_by):
+                f = fields.get(col)
+                if f is None or type(f.dataType).__name__ == "BooleanType":
+                    continue
+                bad = sorted({str(k[i]) for k in groups.keys if i < len(k) and isinstance(k[i], bool)})
+                if bad:
+                    raise InputDataError(
+                        f"statistic {stat.name!r}: groups.keys give {col!r} the boolean value(s) {bad}, but "
+                        f"{col!r} has type {f.dataType.simpleString()}: YAML reads unquoted yes / no / on / off / "
+                        "true / false as booleans; quote the values (e.g. 'yes') to match the column's text")
         categories = getattr(stat.options, "categories", None)  # kinds with a public category list
         if not categories:
             continue

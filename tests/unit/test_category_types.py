@@ -99,3 +99,37 @@ def test_dry_run_checks_the_schema_from_metadata(files, tmp_path, capsys):
     assert main(["run", "--config", str(p), "--dry-run"]) == 0
     assert "not found: its schema is not checked" in capsys.readouterr().out
     assert not (tmp_path / "out").exists()
+
+
+def test_yaml_booleans_as_group_keys_of_a_text_column_are_refused(tmp_path, capsys):
+    """`groups: {keys: [[yes], [no]]}` on a string column: YAML reads yes / no as booleans, the
+    keys became 'true' / 'false' and matched no record (a new user's trial: validate passed, two
+    groups released from nobody). Refused now by validate, the dry run and the job's checks, naming
+    the column; quoted values pass, and booleans stay valid keys of a boolean column."""
+    from spark_jobs.cli import main
+
+    data = tmp_path / "g.parquet"
+    pd.DataFrame({"pid": ["a", "b", "c"], "south": ["yes", "no", "yes"], "flag": [True, False, True],
+                  "x": [1.0, 2.0, 3.0]}).to_parquet(data)
+    text = """
+job_name: g
+input: {path: %s, format: parquet}
+privacy_unit: {column: pid}
+budget: {epsilon: 1.0, delta: 1.0e-6}
+statistics:
+  - {name: x_by, kind: mean, columns: [x], share: 1.0, group_by: [%s], groups: {keys: [[%s], [%s]]}, max_groups_per_person: 1}
+output: {path: %s}
+ledger: {enabled: false}
+"""
+    p = tmp_path / "job.yaml"
+    p.write_text(text % (data, "south", "yes", "no", tmp_path / "out"))
+    assert main(["validate", "--config", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "'south'" in err and "boolean" in err and "quote" in err
+    assert main(["run", "--config", str(p), "--dry-run"]) == 2
+    capsys.readouterr()
+    p.write_text(text % (data, "south", "'yes'", "'no'", tmp_path / "out"))
+    assert main(["validate", "--config", str(p)]) == 0
+    p.write_text(text % (data, "flag", "true", "false", tmp_path / "out"))
+    assert main(["validate", "--config", str(p)]) == 0
+    assert not (tmp_path / "out").exists()
