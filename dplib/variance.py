@@ -325,6 +325,12 @@ def person_variance(
         covers += ("; WARNING (tail_flag): the persons' means look heavy-tailed ("
                    f"{setup.flag_reason()}); the "
                    "bias bound assumes that tail continues as fitted, which the data may break")
+    if interval is None and math.isfinite(q):
+        # no bar: still say how large the noise alone is (a new user read released 0.0s, with a noise
+        # quantile 12x the exact variance only in the parameters, as a measured 0)
+        covers += (f". The noise alone spans +-{q:.3g} at 90% (parameters.noise_quantile)"
+                   + (f", more than the estimate {estimate:.3g} itself: the data at this budget cannot tell this "
+                      "variance from 0" if q >= estimate else ""))
     eps, delta = composed_cost(accountant.charges[start:])
     params.update({
         "clipping_radius": rho,

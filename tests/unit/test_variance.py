@@ -336,3 +336,21 @@ def test_a_release_without_a_bar_is_flagged():
             no_bar += 1
             assert rel.parameters["tail_flag"] is True and rel.error_covers.startswith("nothing")
     assert no_bar >= 3
+
+
+def test_a_release_without_a_bar_still_states_its_noise():
+    """Released 0.0 with no bar (a heavy fitted tail): the text says how wide the noise alone is
+    and that the data cannot tell the variance from 0 (a new user read four 0.0 releases, noise
+    quantile 12x the exact variance, as measured zeros: that figure was only in the parameters)."""
+    seen, near_zero = 0, 0
+    for s in range(20):
+        y = np.random.default_rng(300 + s).lognormal(0.0, 1.0, 2000)
+        rel = person_variance(backend(y), "v", ScaleFreeVariancePlan(Budget(0.5, 1e-6)), SeededNoise(s))
+        if rel.status != STATUS_OK or rel.error_bar is not None:
+            continue
+        seen += 1
+        q = rel.parameters["noise_quantile"]
+        assert f"+-{q:.3g}" in rel.error_covers
+        assert ("cannot tell this variance from 0" in rel.error_covers) == (q >= rel.estimate)
+        near_zero += q >= rel.estimate
+    assert seen >= 15 and near_zero >= 1
