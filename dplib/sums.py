@@ -54,6 +54,8 @@ from dplib.mean.scale_free_stages import (
     StageShares,
     point_tail,
     scale_free_stages,
+    unseen_note,
+    unseen_persons,
     zero_atom_reason,
 )
 from dplib.mean.tails import StudentTail
@@ -219,11 +221,14 @@ def person_sum(
                   "measured in it, or a tail heavier than x^-1); the estimate is private but has no honest "
                   "error bar")
         tail_flag = True  # flagged: a release with no bar is not to be read as a valid value
-    elif setup.tail_flag:
-        covers += ("; WARNING (tail_flag): the persons' totals look heavy-tailed ("
-                   f"{setup.flag_reason()}); the "
-                   "bias bound assumes that tail continues as fitted, which the data may break")
+    else:
+        covers += unseen_note(setup.profile, setup.profile_epsilon, setup.n_hat, "totals")
+        if setup.tail_flag:
+            covers += ("; WARNING (tail_flag): the persons' totals look heavy-tailed ("
+                       f"{setup.flag_reason()}); the "
+                       "bias bound assumes that tail continues as fitted, which the data may break")
     eps, delta = composed_cost(accountant.charges[start:])
+    params["unseen_persons"] = round(unseen_persons(setup.profile, setup.profile_epsilon), 1)
     params.update({
         "clipping_radius": rho,
         "clipping_interval": [center - rho, center + rho],

@@ -59,6 +59,8 @@ from dplib.mean.scale_free_stages import (
     point_tail,
     scale_free_stages,
     strict_tail,
+    unseen_note,
+    unseen_persons,
     zero_atom_reason,
 )
 from dplib.mean.tails import StudentTail
@@ -321,10 +323,13 @@ def person_variance(
                   "second moment (a fitted tail heavier than x^-2, or no persons measured in it); the "
                   "estimate is private but has no honest error bar")
         tail_flag = True  # flagged: a released 0 with no bar read as valid (a new user's trial)
-    elif setup.tail_flag:
-        covers += ("; WARNING (tail_flag): the persons' means look heavy-tailed ("
-                   f"{setup.flag_reason()}); the "
-                   "bias bound assumes that tail continues as fitted, which the data may break")
+    else:
+        covers += unseen_note(setup.profile, setup.profile_epsilon, setup.n_hat)
+        if setup.tail_flag:
+            covers += ("; WARNING (tail_flag): the persons' means look heavy-tailed ("
+                       f"{setup.flag_reason()}); the "
+                       "bias bound assumes that tail continues as fitted, which the data may break")
+    params["unseen_persons"] = round(unseen_persons(setup.profile, setup.profile_epsilon), 1)
     if interval is None and math.isfinite(q):
         # no bar: still say how large the noise alone is (a new user read released 0.0s, with a noise
         # quantile 12x the exact variance only in the parameters, as a measured 0)

@@ -34,7 +34,7 @@ from spark_jobs.grouping import GroupRelease, describe as describe_statistic, ru
 from spark_jobs.grouping import statistic_plan as _statistic_plan
 from spark_jobs.kinds import Release, RunContext, StatisticConfigBase, kind_of
 from spark_jobs.ledger import Ledger
-from spark_jobs.paths import absolute
+from spark_jobs.paths import absolute, check_output_paths
 from spark_jobs.provenance import code_version
 from spark_jobs.release import RELEASES_LONG_TABLE, RELEASES_TABLE, ReleaseRow, to_json
 
@@ -345,8 +345,6 @@ def run_job(
     log.info("run %s: plan checked, cost epsilon=%.6g delta=%.3g", run_id, *job_plan.cost)
     output_path = absolute(cfg.output.path)
     table_path = output_path.rstrip("/") + "/releases"
-    from spark_jobs.preflight import check_output_paths  # lazy: preflight imports this module
-
     check_output_paths(cfg)  # a local output or ledger path that cannot be created: refused before any charge
 
     ledger = Ledger(absolute(cfg.ledger_path())) if cfg.ledger.enabled else None

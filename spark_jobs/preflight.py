@@ -24,11 +24,11 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from dplib.budget import REL_TOL, Budget
-from dplib.errors import BudgetExceededError, ConfigError, InputDataError
+from dplib.errors import BudgetExceededError, InputDataError
 from spark_jobs.config import JobConfig
 from spark_jobs.job import plan_job, stored_release
 from spark_jobs.ledger import Ledger
-from spark_jobs.paths import absolute
+from spark_jobs.paths import absolute, check_output_paths  # noqa: F401  (re-exported: validate, dry run)
 from spark_jobs.spark import io as sio  # its pyspark imports are lazy: no JVM, no pyspark here
 
 
@@ -94,40 +94,6 @@ def check_input_schema(cfg: JobConfig, need_row: bool = True) -> str:
         raise InputDataError(f"input.path {cfg.input.path!r} holds no rows")
     cols = [cfg.privacy_unit.column] + cfg.value_columns() + cfg.categorical_columns()
     return f"input {cfg.input.path} ({fmt}): columns {cols} present with usable types"
-
-
-def check_output_paths(cfg: JobConfig) -> str:
-    """Check that the job can create its local output and ledger tables, from the file system's
-    metadata only (no data read, nothing written): no component of either path may be an existing
-    non-directory, and the deepest existing directory must be writable. Remote URIs are left to the
-    job. Called by ``validate``, ``run --dry-run`` and the job before the budget is reserved (a run
-    whose releases could not be written kept its reservation charged; a new user's trial).
-
-    Raises
-    ------
-    ConfigError
-        Naming ``output.path`` or ``ledger.path`` and the blocking path.
-    """
-    checks = [("output.path", absolute(cfg.output.path))]
-    if cfg.ledger.enabled:
-        checks.append(("ledger.path" if cfg.ledger.path else "output.path (its default ledger)", absolute(cfg.ledger_path())))
-    for field, target in checks:
-        if not _local(target):
-            continue
-        local = urlparse(target).path if urlparse(target).scheme == "file" else target
-        probe = os.path.abspath(local)
-        while not os.path.exists(probe):
-            parent = os.path.dirname(probe)
-            if parent == probe:
-                break
-            probe = parent
-        if os.path.exists(probe) and not os.path.isdir(probe):
-            raise ConfigError(f"{field}: {probe!r} exists and is not a directory, so {target!r} cannot be "
-                              "created there; choose another path (nothing was charged)")
-        if os.path.isdir(probe) and not os.access(probe, os.W_OK | os.X_OK):
-            raise ConfigError(f"{field}: the directory {probe!r} is not writable by this user, so {target!r} "
-                              "cannot be created or written; choose another path (nothing was charged)")
-    return "output and ledger paths can be written"
 
 
 @dataclass(frozen=True)

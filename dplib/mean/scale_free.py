@@ -108,6 +108,8 @@ from dplib.mean.scale_free_stages import (  # the early stages; re-exported (see
     tail_balance_read,
     tail_counts,
     tail_from_profile,
+    unseen_note,
+    unseen_persons,
     zero_atom_reason,
 )
 from dplib.mean.univariate import (
@@ -423,6 +425,8 @@ def scale_free_person_mean(
             "error bar"
         )
         tail_flag = True  # flagged: a release with no bar is not to be read as a valid value
+    if half is not None:
+        covers += unseen_note(setup.profile, setup.profile_epsilon, setup.n_hat)
     if half is not None and tail_flag:
         covers += (
             "; WARNING (tail_flag): the persons' means look heavy-tailed ("
@@ -447,6 +451,7 @@ def scale_free_person_mean(
             "light_symmetric": light_symmetric,
             "small_data": setup.small,
             "tail_one_sided": setup.one_sided,
+            "unseen_persons": round(unseen_persons(setup.profile, setup.profile_epsilon), 1),
         }
     )
     return MeanRelease(

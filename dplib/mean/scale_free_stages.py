@@ -294,6 +294,24 @@ def overflow_seen(profile, epsilon: float) -> bool:
     return bool(float(raw[-1]) > OVERFLOW_SD * math.sqrt(2.0) / epsilon)
 
 
+def unseen_persons(profile, epsilon: float) -> float:
+    """How many persons could lie beyond the deviation profile's highest visible bin without
+    setting the hidden-mass flag: ``FLAG_HIDDEN_SD`` noise sds of the noisy count above it
+    (persons; public: a function of the profile's epsilon and its public bins). A bar that rests on
+    the fitted tail assumes no such group of far persons: up to this many (e.g. a few per cent of
+    heavy users 3-30 times the bulk's spread) go unseen at this budget. Post-processing."""
+    return FLAG_HIDDEN_SD * hidden_mass(profile, epsilon)[1]
+
+
+def unseen_note(profile, epsilon: float, n_hat: float, what: str = "means") -> str:
+    """The sentence a bar resting on the fitted tail adds (:func:`unseen_persons`)."""
+    k = unseen_persons(profile, epsilon)
+    share = k / max(n_hat, 1.0)
+    return (f"; it assumes the persons' {what} beyond what the deviation profile measured follow the fitted tail: "
+            f"up to ~{k:.0f} persons (~{share:.0%} of them) far out would go unseen at this budget "
+            "(parameters.unseen_persons)")
+
+
 def tail_flag_reason(
     nu_point: float, overflow: float, histogram: str = "deviation histogram", small_data_nu: float | None = None,
     visible: bool = True,

@@ -932,3 +932,37 @@ def test_zero_floor_range_releases_no_bar(kind):
         assert rel.parameters["range_upper"] <= 2.0**-36 and y.mean() > 0.01
         assert rel.error_bar is None and rel.parameters["tail_flag"] is True
         assert rel.error_covers.startswith("nothing: v: most persons are 0 (or within ~1e-11 of it)")
+
+
+def test_the_bar_states_how_many_far_persons_it_could_miss():
+    """A light bulk with 1.5% of persons far out (heavy users 1-30x beyond the bulk's spread):
+    the deviation profile at this budget cannot see them, and the mean's bar, resting on the fitted
+    tail, misses (known limit: a DP check with the power to see 60 of 4,000 persons costs ~10-25%
+    of every mean's noise). The release now states that limit: parameters.unseen_persons (three
+    noise sds of the profile's count above its highest visible bin) exceeds the far persons here,
+    and the bar's text names it, for the mean, the sum and the variance."""
+    from dplib.mean.ranges import hidden_mass
+    from dplib.mean.scale_free_stages import FLAG_HIDDEN_SD
+    from dplib.sums import ScaleFreeSumPlan, person_sum
+    from dplib.variance import ScaleFreeVariancePlan, person_variance
+
+    rng = np.random.default_rng(70)
+    y = rng.normal(10.0, 5.0, 4000)
+    far = rng.random(4000) < 0.015
+    y[far] = 40.0 * (1.0 + rng.pareto(1.5, int(far.sum())))
+    be = NumpyAggregates({"v": y}, rng.integers(0, 2**32, y.size))
+    rel = scale_free_person_mean(be, "v", ScaleFreeMeanPlan(Budget(1.0, 1e-6)), SeededNoise(1))
+    k = rel.parameters["unseen_persons"]
+    assert k >= far.sum()
+    assert f"up to ~{k:.0f} persons" in rel.error_covers
+    for r in (person_sum(be, "v", ScaleFreeSumPlan(Budget(1.0, 1e-6)), SeededNoise(2)),
+              person_variance(be, "v", ScaleFreeVariancePlan(Budget(1.0, 1e-6)), SeededNoise(3))):
+        if r.error_bar is not None:
+            assert f"up to ~{r.parameters['unseen_persons']:.0f} persons" in r.error_covers
+    # the figure is public: three noise sds of the bins above the visible top, from eps and bins
+    class P:  # a minimal released profile: two visible bins, three empty above
+        weights = np.array([50.0, 20.0, 0.0, 0.0, 0.0])
+        raw_weights = np.array([50.0, 20.0, 3.0, -4.0, 1.0])
+    assert hidden_mass(P, 0.1)[1] == pytest.approx(math.sqrt(6.0) / 0.1)
+    from dplib.mean.scale_free_stages import unseen_persons
+    assert unseen_persons(P, 0.1) == pytest.approx(FLAG_HIDDEN_SD * math.sqrt(6.0) / 0.1)
