@@ -92,7 +92,7 @@ def check_input_schema(cfg: JobConfig, need_row: bool = True) -> str:
         sio.check_parquet_files(dataset.files, cfg.privacy_unit.column, cfg.value_columns(), cfg.categorical_columns())
     if need_row and dataset.head(1).num_rows == 0:
         raise InputDataError(f"input.path {cfg.input.path!r} holds no rows")
-    cols = [cfg.privacy_unit.column] + cfg.value_columns() + cfg.categorical_columns()
+    cols = list(dict.fromkeys([cfg.privacy_unit.column] + cfg.value_columns() + cfg.categorical_columns()))
     return f"input {cfg.input.path} ({fmt}): columns {cols} present with usable types"
 
 
