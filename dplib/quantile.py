@@ -352,12 +352,12 @@ def log_widths(cand: Candidates) -> np.ndarray:
 
 
 def weighted_rank_error_bound(cand: Candidates, epsilon: float, sensitivity: float,
-                              level: float = RANK_LEVEL) -> float:
+                              level: float = RANK_LEVEL, log_weights: np.ndarray | None = None) -> float:
     """Persons: the weighted (final) stage's bound: with probability >= ``level`` the chosen
     bin's score is at least minus ``2 Delta (ln(W / w_min) + ln(1 / (1 - level))) / epsilon``,
     ``W`` the total weight and ``w_min`` the smallest (McSherry & Talwar 2007 with a base measure:
     the bin holding the quantile has score 0 and weight at least ``w_min``)."""
-    lw = log_widths(cand)
+    lw = log_widths(cand) if log_weights is None else np.asarray(log_weights, float)
     ratio = float(np.log(np.sum(np.exp(lw - lw.max()))) + lw.max() - lw.min())
     return 2.0 * sensitivity * (ratio + math.log(1.0 / (1.0 - level))) / epsilon
 
