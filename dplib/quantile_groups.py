@@ -36,6 +36,7 @@ import numpy as np
 
 from dplib.aggregates import MIN_EXPONENT
 from dplib.budget import Accountant, Budget, Charge, composed_cost
+from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mechanisms import NoiseSource
 from dplib.mechanisms.basic import clamp_exact, inflate, laplace_mechanism
@@ -149,11 +150,10 @@ def window_log_weights(cands, window: "QuantileWindow") -> np.ndarray:
     span = 2.0 * WINDOW_MADS * float(window.mad_high)
     if not (math.isfinite(span) and span > 0):
         return lw
-    lo, hi = np.abs(cands.lower), np.abs(cands.upper)
-    near = np.minimum(lo, hi)  # the bin's magnitude nearest the centre (inf for none)
-    near = np.where(np.isfinite(near), near, np.maximum(np.where(np.isfinite(lo), lo, 0), np.where(np.isfinite(hi), hi, 0)))
+    near = np.minimum(np.abs(cands.lower), np.abs(cands.upper))  # each bin's magnitude nearest the centre (finite)
     far = near > span
-    return np.where(far, lw - FAR_DECAY * np.log(np.maximum(near, span) / span), lw)
+    # logs apart (near / span can overflow with a wide exponent range); every weight stays finite
+    return np.where(far, lw - FAR_DECAY * (np.log(np.maximum(near, span)) - math.log(span)), lw)
 
 
 def magnitude_scores(exact: dict[int, int], cand) -> np.ndarray:
@@ -301,17 +301,20 @@ def group_person_quantile(
         return replace(rel, parameters={**rel.parameters, **{k: v for k, v in params.items() if k == "window"},
                                         "path": PATH_OWN})
     e = eps - eps_count
-    accountant.charge(f"{stage_prefix}{STAGE_WINDOW}", Budget(e, 0.0), plan.group)
-    stages.append({"stage": STAGE_WINDOW, "epsilon": e, "delta": 0.0})
     # a group far from the pooled median (well separated groups) may lie beyond the window: it
     # reaches further when the group's persons x epsilon afford the volume (as the range-free fine
-    # and final windows do, :func:`dplib.quantile.extra_octaves`)
+    # and final windows do, :func:`dplib.quantile.extra_octaves`); the bins and their base measure
+    # are public and built before the stage is charged (nothing after the charge can fail on them)
     extra = extra_octaves(max(n_low, 1.0) * side, e, plan.sensitivity)
     cands = window.candidates(extra)
+    weights = window_log_weights(cands, window)
+    if not np.all(np.isfinite(weights)):
+        raise InvalidParameterError("the window's base measure is not finite (an extreme exponent range)")
+    accountant.charge(f"{stage_prefix}{STAGE_WINDOW}", Budget(e, 0.0), plan.group)
+    stages.append({"stage": STAGE_WINDOW, "epsilon": e, "delta": 0.0})
     params["extra_octaves"] = extra
     scores, _ = rank_scores(backend.log_histogram(column, window.centre, plan.group, sub_edges(FINE_SUB)), cands,
                             plan.q)
-    weights = window_log_weights(cands, window)
     j = mech[STAGE_WINDOW].sample(scores, epsilon=e, log_weights=weights)
     del scores
     lo, hi = cands.lower[j], cands.upper[j]

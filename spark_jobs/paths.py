@@ -33,7 +33,10 @@ def check_output_paths(cfg) -> str:
     ConfigError
         Naming ``output.path`` or ``ledger.path`` and the blocking path.
     """
-    checks = [("output.path", absolute(cfg.output.path))]
+    # the tables themselves (an existing table folder must be writable; a missing one needs a
+    # writable deepest existing folder): a read-only output root whose table exists and is writable
+    # is fine, a read-only table inside a writable root is not (a review's case)
+    checks = [("output.path", absolute(cfg.output.path).rstrip("/") + "/releases")]
     if cfg.ledger.enabled:
         checks.append(("ledger.path" if cfg.ledger.path else "output.path (its default ledger)", absolute(cfg.ledger_path())))
     for field, target in checks:

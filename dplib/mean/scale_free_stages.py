@@ -153,8 +153,8 @@ class StageShares:
     """Epsilon shares of the scale-free stages that come before an estimator's final stage.
 
     Accuracy only: any shares whose largest total stays below 1 are private (the final stage
-    gets what is left). ``balance = 0`` leaves the tail-balance stage out (an estimator whose
-    clipping bias has one sign, e.g. a variance, has nothing to balance). ``boost``: factor on
+    gets what is left). ``balance = 0`` leaves the tail-balance stage out (e.g. a sum, for which
+    it was measured to cost accuracy). ``boost``: factor on
     the profile share on small data (after the range retry); ``centre_boost``: on the centre's.
 
     Raises
@@ -297,7 +297,8 @@ def overflow_seen(profile, epsilon: float) -> bool:
 def unseen_persons(profile, epsilon: float) -> float:
     """How many persons could lie beyond the deviation profile's highest visible bin without
     setting the hidden-mass flag: ``FLAG_HIDDEN_SD`` noise sds of the noisy count above it
-    (persons; public: a function of the profile's epsilon and its public bins). A bar that rests on
+    (persons; a function of the profile's epsilon and of how many bins lie above its highest
+    visible one: post-processing of the DP profile, nothing exact). A bar that rests on
     the fitted tail assumes no such group of far persons: up to this many (e.g. a few per cent of
     heavy users 3-30 times the bulk's spread) go unseen at this budget. Post-processing."""
     return FLAG_HIDDEN_SD * hidden_mass(profile, epsilon)[1]

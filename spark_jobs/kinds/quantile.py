@@ -94,12 +94,12 @@ class QuantileKind(StatisticKind):
             return (f"  {name}: {plan.q:g}-quantile of the person means per group, no user range: a window found "
                     f"once for all groups ({SHARED_SHARE:.0%} of the epsilon: the pooled median +- {WINDOW_MADS:g} "
                     "median absolute deviations), then "
-                    "per group a Laplace count (3%) and one width-weighted exponential mechanism over the window "
+                    "per group a Laplace count (3%; decisions read its lower bound) and one width-weighted exponential mechanism over the window "
                     "(the range-free stages instead when the group's persons x epsilon are large); pure epsilon")
-        return (f"  {name}: {plan.q:g}-quantile of the person means, no user range: a Laplace count (3%), then the "
+        return (f"  {name}: {plan.q:g}-quantile of the person means, no user range: a Laplace count (10%; decisions read its lower bound), then the "
                 "exponential mechanism (sensitivity max(q, 1-q)) over log-magnitude bins: coarse, fine (skipped "
                 "below 300 persons on the short side of q) and a width-weighted final stage; the coarse and fine "
-                "shares (5-40%) are chosen from the DP count, the final stage takes the rest (47-87%); pure epsilon")
+                "shares (5-40%) are chosen from the DP count, the final stage takes the rest (40-80%); pure epsilon")
 
     def run(self, stat, plan, ctx: RunContext) -> Release:
         column = stat.columns[0]

@@ -157,6 +157,25 @@ def test_output_paths_that_cannot_be_created_are_refused_before_any_charge(tmp_p
                 check_output_paths(ro_cfg)
     finally:
         ro.chmod(0o700)
+    # the table itself: a read-only releases folder inside a writable output folder is refused; a
+    # read-only output root whose releases folder exists and is writable is fine
+    out = tmp_path / "out2"
+    (out / "releases").mkdir(parents=True)
+    out_cfg = cfg.model_copy(update={"output": cfg.output.model_copy(update={"path": str(out)}),
+                                     "ledger": cfg.ledger.model_copy(update={"path": str(tmp_path / "led")})})
+    import os
+    (out / "releases").chmod(0o500)
+    try:
+        if not os.access(out / "releases", os.W_OK):
+            with pytest.raises(ConfigError, match="releases"):
+                check_output_paths(out_cfg)
+    finally:
+        (out / "releases").chmod(0o700)
+    out.chmod(0o500)
+    try:
+        assert "can be written" in check_output_paths(out_cfg)
+    finally:
+        out.chmod(0o700)
 
 
 def test_a_run_whose_output_cannot_be_created_charges_nothing(tmp_path, capsys):

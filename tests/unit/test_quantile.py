@@ -289,3 +289,23 @@ def test_a_high_count_does_not_widen_the_window_into_far_empty_bins():
     # at epsilon 1 the same persons are released in (nearly) every run
     assert sum(person_quantile(agg, "v", QuantilePlan(Budget(1.0, 0.0)), SeededNoise(s)).status == "OK"
                for s in range(20)) >= 19
+
+
+def test_a_handed_in_count_is_checked_against_what_the_search_will_spend():
+    """A review's case: with the caller's count (3% of epsilon) already charged, the check read the
+    nominal charges made with COUNT_SHARE (10%), passed an accountant of 0.95, drew the coarse and
+    fine stages and then refused the final one. The check now asks for epsilon less that count,
+    before any draw: nothing but the caller's count is charged."""
+    from dplib.quantile import STAGE_COUNT
+
+    y = np.random.default_rng(1).lognormal(5, 1, 5000)
+    ag = NumpyAggregates({"v": y}, np.arange(len(y), dtype=np.int64))
+    acc = Accountant(Budget(0.95))
+    acc.charge(STAGE_COUNT, Budget(0.03, 0.0))
+    with pytest.raises(BudgetExceededError):
+        person_quantile(ag, "v", QuantilePlan(Budget(1.0)), SeededNoise(2), acc, noisy_count=(5003.0, 0.03))
+    assert [c.stage for c in acc.charges] == [STAGE_COUNT]
+    ok = Accountant(Budget(1.0))
+    ok.charge(STAGE_COUNT, Budget(0.03, 0.0))
+    rel = person_quantile(ag, "v", QuantilePlan(Budget(1.0)), SeededNoise(2), ok, noisy_count=(5003.0, 0.03))
+    assert rel.status == "OK" and sum(c.budget.epsilon for c in ok.charges) == pytest.approx(1.0)

@@ -5,6 +5,8 @@ against the exact per-group quantile and the rank bound's coverage with a power 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -181,3 +183,21 @@ def test_the_window_weighs_its_far_empty_part_down():
     assert np.sum(errs > 5.0) <= 10
     assert np.median(errs) < 0.06
     assert covered >= 180
+
+
+def test_extreme_windows_keep_finite_weights_and_a_finite_bound():
+    """A review's case: a wide exponent range, a window whose MAD stage picked the near-zero bin
+    (span 8 x 2^-900) and extra octaves: the decay's ratio near / span overflowed to inf, the log
+    weight to -inf, and the draw failed after the window stage was charged. The weights are logs
+    apart now (finite) and built before the charge; the release and its rank bound are finite."""
+    from dplib.quantile_groups import window_log_weights
+
+    er = (-900, 200)
+    w = QuantileWindow(centre=2.0**120, e_hi=100, mad_low=0.0, mad_high=2.0**er[0])
+    y = 2.0**120 * (1 + np.random.default_rng(1).random(600))
+    plan = GroupQuantilePlan(Budget(1.0), q=0.5, exponent_range=er)
+    acc = Accountant(Budget(1.0))
+    rel = group_person_quantile(agg(y), "v", plan, SeededNoise(3), w, acc)
+    assert rel.status == "OK" and math.isfinite(rel.parameters["rank_error_90_persons"])
+    assert np.all(np.isfinite(window_log_weights(w.candidates(30), w)))
+    assert sum(c.budget.epsilon for c in acc.charges) == pytest.approx(1.0)
