@@ -44,6 +44,7 @@ from dplib.mean.ranges import (
     below_top_bucket,
     magnitude_range_from_counts,
     measured_survival,
+    pure_bucket_count,
     window_center,
 )
 from dplib.mean.tails import StudentTail, fit_student_tail, fit_student_tail_binned
@@ -431,6 +432,20 @@ def measured_reach(profile, model) -> float:
 
 #: Persons x epsilon a thresholded range run needs in one octave, roughly (for messages).
 RANGE_PERSONS_PER_EPSILON = 70.0
+def persons_needed_text(epsilon: float, shares: "StageShares") -> str:
+    """Roughly how many persons the scale-free range stage needs at a statistic's ``epsilon``
+    (public: the plan's shares and constants), for the dry run: the thresholded retry's
+    ``RANGE_PERSONS_PER_EPSILON`` per epsilon in one octave, and the pooled retry's confirmation
+    (``ln(buckets / RETRY2_CONFIRM_BETA)`` Laplace scales) within RETRY2_OCTAVES octaves."""
+    one_octave = RANGE_PERSONS_PER_EPSILON / (shares.range_retry * epsilon)
+    text = f"releases need roughly {one_octave:,.0f} persons within one octave of magnitude"
+    if shares.range_retry2 > 0:
+        buckets = pure_bucket_count(RETRY2_EXPONENT_RANGE, RETRY2_OCTAVES)
+        pooled = math.log(buckets / RETRY2_CONFIRM_BETA) / (shares.range_retry2 * epsilon)
+        text += f", or ~{pooled:,.0f} within {RETRY2_OCTAVES} octaves"
+    return text + " at this epsilon (fewer: INSUFFICIENT_DATA, only the range runs charged)"
+
+
 INSUFFICIENT_REASON = (
     "no magnitude bucket passed the threshold in any range run (too few persons for the scale-free "
     f"estimator at this budget: roughly {RANGE_PERSONS_PER_EPSILON:.0f}/epsilon persons in one octave, or in four "

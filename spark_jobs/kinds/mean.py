@@ -26,6 +26,7 @@ from dplib.mean.per_group import (
 from dplib.mean.scale_free import (
     ScaleFreeMeanPlan, scale_free_person_mean,
 )
+from dplib.mean.scale_free_stages import DEFAULT_SHARES, persons_needed_text
 from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import check_exponent_range
 from dplib.mean.univariate import (
@@ -219,7 +220,8 @@ class MeanKind(StatisticKind):
         cap = "" if plan.k is None else f", tail nu capped at k={plan.k:g}"
         return (f"  {name}: scale-free (range, centre and radius found privately; every stage on all "
                 f"persons, sequential: 4% range [+20% retry on small data or a zero atom; +15% pooled retry "
-                f"if both release nothing], 4% centre, 10% profile, the rest to clip-and-noise){cap}")
+                f"if both release nothing], 4% centre, 10% profile, the rest to clip-and-noise; "
+                f"{persons_needed_text(plan.budget.epsilon, DEFAULT_SHARES)}){cap}")
 
     def run(self, stat: MeanStatistic, plan, ctx: RunContext) -> Release:
         column = stat.columns[0]

@@ -16,6 +16,7 @@ from pydantic import field_validator, model_validator
 
 from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import check_exponent_range
+from dplib.mean.scale_free_stages import persons_needed_text
 from dplib.variance import (
     ALGORITHM,
     ALGORITHM_VERSION,
@@ -89,7 +90,8 @@ def stage_text(plan) -> str:
     pooled = f"; +{sh.range_retry2:.0%} pooled retry if both release nothing" if sh.range_retry2 > 0 else ""
     return (f"every stage on all persons, sequential: {sh.range:.0%} range [+{sh.range_retry:.0%} retry on small "
             f"data or a zero atom{pooled}], {sh.centre:.0%} centre, {sh.profile:.0%} profile{balance}, the rest "
-            f"({1 - sh.range - sh.centre - sh.profile - sh.balance:.0%}) to the {plan.final_stage}")
+            f"({1 - sh.range - sh.centre - sh.profile - sh.balance:.0%}) to the {plan.final_stage}; "
+            f"{persons_needed_text(plan.budget.epsilon, sh)}")
 
 
 class VarianceKind(StatisticKind):

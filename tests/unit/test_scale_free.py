@@ -9,6 +9,7 @@ a binomial tolerance.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -966,3 +967,16 @@ def test_the_bar_states_how_many_far_persons_it_could_miss():
     assert hidden_mass(P, 0.1)[1] == pytest.approx(math.sqrt(6.0) / 0.1)
     from dplib.mean.scale_free_stages import unseen_persons
     assert unseen_persons(P, 0.1) == pytest.approx(FLAG_HIDDEN_SD * math.sqrt(6.0) / 0.1)
+
+
+def test_dry_run_states_how_many_persons_a_release_needs():
+    """A new user's 595-person panel gave INSUFFICIENT_DATA on every scale-free mean, sum and
+    variance, and the dry run (which states the covariance's minimum) said nothing: it now gives
+    the range stage's needs at the statistic's epsilon, from the plan's shares and constants."""
+    from dplib.mean.scale_free_stages import DEFAULT_SHARES, persons_needed_text
+
+    text = persons_needed_text(0.5, DEFAULT_SHARES)
+    assert "roughly 700 persons within one octave" in text  # 70 / (0.2 x 0.5)
+    pooled = math.log(51 / 1e-3) / (0.15 * 0.5)  # zero bucket + 2 signs x 25 four-octave buckets, confirmation 1e-3
+    assert f"~{pooled:,.0f} within 4 octaves" in text
+    assert "within 4 octaves" not in persons_needed_text(0.5, dataclasses.replace(DEFAULT_SHARES, range_retry2=0.0))
