@@ -231,7 +231,7 @@ def run_grouped(
         rel = Release(**{**rel.__dict__, "estimand": estimand, "error_covers": covers,
                          "parameters": {**rel.parameters, **extra, **check}})
         out.append(GroupRelease(decode(key), rel))
-    log.info("statistic %s: %d group(s) released in %d aggregation(s)", stat.name, len(out), run.batches)
+    log.info("statistic %s: %d group(s) released (%d batched round(s) of questions to the aggregates; 0 when no group needed one)", stat.name, len(out), run.batches)
     return out
 
 
