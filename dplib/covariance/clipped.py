@@ -523,6 +523,8 @@ def clipped_covariance(
             "second_moment_delta": budget2.delta,
             "stage1_tail_flag": bool(p1.get("tail_flag", False)),
             "stage1_tail_nu_used": p1.get("tail_nu_used"),
+            # how many persons could sit far beyond stage 1's norm profile unseen (its bar assumes none)
+            "unseen_persons": p1.get("unseen_persons"),
             # which range stages stage 1 ran (DP outcomes): the per-coordinate retry's coordinates
             # and the joint-norm retry's (their ranges [-U, U], coarser than a coordinate's own)
             "stage1_range_retried_coordinates": p1.get("range_retried_coordinates", []),
@@ -546,6 +548,9 @@ def clipped_covariance(
                   "clipping bias as stage 1's fitted norm tail bounds it (a fit, not a worst case: a heavier "
                   "tail beyond what stage 1 measured breaks it), and the move of the projection to positive "
                   "semidefinite")
+        if p1.get("unseen_persons") is not None:
+            covers += (f"; up to ~{p1['unseen_persons']:.0f} persons far beyond what stage 1's norm profile measured "
+                       "would go unseen at this budget (parameters.unseen_persons)")
     if params["tail_flag"] and error_bar is not None:
         covers += ("; WARNING (tail_flag): the persons' vectors look heavy-tailed, and clipping then biases "
                    "the covariance downwards (seen: about half the exact values on flight delays); the bias "

@@ -112,7 +112,8 @@ from dplib.mean.scale_free import (
     stage_charger,
     tail_from_profile,
 )
-from dplib.mean.scale_free_stages import at_zero_floor, bar_bias, tail_flag_reason, zero_atom_reason
+from dplib.mean.scale_free_stages import (at_zero_floor, bar_bias, tail_flag_reason, unseen_note, unseen_persons,
+                                          zero_atom_reason)
 from dplib.mean.scale_free import PROFILE_SUB_EDGES as HALF_OCTAVE
 from dplib.mechanisms import NoiseSource, gaussian_sigma, pure_dp_histogram
 from dplib.seam import Aggregates
@@ -847,6 +848,7 @@ def scale_free_multivariate_mean(
             "profile_overflow_share": round(overflow, 4),
             "final_epsilon": b_final.epsilon,
             "noise_sd": [float(x) for x in fin.sigma / fin.denom * scales],
+            "unseen_persons": round(unseen_persons(profile, b.epsilon), 1),
         }
     )
     if zero_atoms:
@@ -860,7 +862,7 @@ def scale_free_multivariate_mean(
         covers = (
             "the exact dataset statistic, per coordinate, at 90%: the final Gaussian noise (sum and "
             "count) and a DP bound on the clipping bias from the fitted tail of the deviation norms"
-        )
+        ) + unseen_note(profile, b.epsilon, n_hat, "deviation norms")
         if tail_flag:
             covers += (
                 "; WARNING (tail_flag): the deviation norms look heavy-tailed ("

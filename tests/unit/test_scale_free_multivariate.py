@@ -888,3 +888,25 @@ def test_zero_atom_after_the_retry_goes_on_to_the_later_runs(monkeypatch, retry2
     lo, hi = p["coordinate_ranges"][1]
     assert hi >= 32.0  # the later run found the persons near 50
     assert abs(rel.estimate[1] - y[:, 1].mean()) <= 2.0 * rel.error_bar[1]
+
+
+def test_vector_bars_state_how_many_far_persons_they_could_miss():
+    """As the univariate kinds: the multivariate mean's bar (and the clipped covariance's, from its
+    stage 1) states how many persons could sit far beyond what the norm profile measured, unseen at
+    this budget (parameters.unseen_persons: three noise sds of its count above the highest visible
+    bin), a positive figure that grows as epsilon shrinks."""
+    from dplib.covariance.clipped import ClippedCovariancePlan, clipped_covariance
+
+    y = np.random.default_rng(3).normal(5.0, 1.0, (4000, 3))
+    figures = []
+    for eps in (1.0, 0.3):
+        rel = scale_free_multivariate_mean(_backend(y), _cols(3), ScaleFreeMultivariatePlan(Budget(eps, DELTA), 3),
+                                           SeededNoise(1))
+        assert rel.status == STATUS_OK and rel.error_bar is not None
+        k = rel.parameters["unseen_persons"]
+        assert k > 0 and f"up to ~{k:.0f} persons" in rel.error_covers
+        figures.append(k)
+    assert figures[1] > figures[0]
+    cov = clipped_covariance(_backend(y), _cols(3), ClippedCovariancePlan(Budget(1.0, DELTA), 3), SeededNoise(2))
+    assert cov.parameters["unseen_persons"] > 0
+    assert f"up to ~{cov.parameters['unseen_persons']:.0f} persons" in cov.error_covers
