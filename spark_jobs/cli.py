@@ -79,7 +79,9 @@ def _print_release(result) -> None:
     if result.reused:
         print(f"\nrun {result.run_id} had already released: the stored release, nothing spent now")
     else:
-        print(f"\nrun {result.run_id}: {len(result.rows)} statistic(s) released to the Delta table")
+        stats = len({r.statistic for r in result.rows})
+        groups = "" if stats == len(result.rows) else f" in {len(result.rows)} row(s) (one per group)"
+        print(f"\nrun {result.run_id}: {stats} statistic(s) released to the Delta table{groups}")
     print(f"  {result.table_path}")
     print(f"  composed cost: epsilon={result.epsilon_spent:.6g}, delta={result.delta_spent:.3g}"
           " (add/remove one person)\n")

@@ -23,7 +23,9 @@ aggregation). Its budget (the statistic's share of the job's) is spent as follow
   (:mod:`dplib.mean.per_group`, docs/privacy/grouped.md).
 
 The whole grouped cost is charged to the run's accountant before the first group draws noise
-(groups that stop early refund nothing: the charge is the plan's).
+(groups that stop early refund nothing: the charge is the plan's). A private selection that
+releases no key stops the statistic before that charge: one row, ``INSUFFICIENT_DATA``, charged
+the selection only.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.grouped import GroupedAggregates, run_per_group
 from dplib.mechanisms import laplace_mechanism
 from dplib.partitions import ALGORITHM as SELECTION_ALGORITHM
+from dplib.partitions import ALGORITHM_VERSION as SELECTION_VERSION
 from dplib.partitions import PartitionSelectionPlan, select_partitions
 from spark_jobs.kinds import Release, RunContext, StatisticConfigBase, kind_of
 from spark_jobs.kinds.base import StatisticKind, per_group_statistic
@@ -156,6 +159,24 @@ class GroupRelease:
     release: Release
 
 
+def no_key_release(stat: StatisticConfigBase, plan: GroupedPlan, ctx: RunContext) -> Release:
+    """The row of a grouped statistic whose private selection released no key: status
+    INSUFFICIENT_DATA, no group key, charged the selection only (its epsilon and delta)."""
+    sel = plan.selection
+    return Release(
+        estimand=(f"{stat.kind} of {list(stat.columns)} per group of {list(stat.group_by or ())}: no group key was "
+                  "released"),
+        algorithm=SELECTION_ALGORITHM, algorithm_version=SELECTION_VERSION, status="INSUFFICIENT_DATA",
+        epsilon=sel.budget.epsilon, delta=sel.budget.delta, estimate=None, estimate_shape=[0],
+        error_covers=(f"none: no group key passed the private partition selection (a key needs a noisy person "
+                      f"count above about {sel.threshold:.0f} persons at this budget); the per-group stages never "
+                      "ran and were not charged: only the selection was. More persons per group, a larger share "
+                      "or a public key set (groups: {keys: ...}) release groups"),
+        parameters={**plan.describe(), "selected_keys": 0,
+                    "statistic_epsilon": stat.budget(ctx.cfg).epsilon, "statistic_delta": stat.budget(ctx.cfg).delta},
+    )
+
+
 def run_grouped(
     stat: StatisticConfigBase,
     plan: GroupedPlan,
@@ -184,17 +205,22 @@ def run_grouped(
     ctx.accountant.check(plan.charges(prefix))
     if plan.l0_check is not None and l0_over_count is None:  # a caller's error, before any charge
         raise ValueError("the plan has an L0 check: pass l0_over_count")
-    for c in own:
-        ctx.accountant.charge(c.stage, c.budget, c.group)
     if plan.selection is not None:
         counts = person_counts()
         keys = sorted(select_partitions(counts, plan.selection, ctx.noise, ctx.accountant, prefix))
         del counts
         log.info("statistic %s: %d group key(s) released by private selection", stat.name, len(keys))
+        if not keys:
+            # no key passed the selection (a DP outcome): the per-group stages never start and are
+            # not charged (the ledger keeps the selection only), and one statistic-level row says
+            # so (a new user's grouped mean, charged its whole share, left no row at all)
+            return [GroupRelease({}, no_key_release(stat, plan, ctx))]
         backend = backend_for(keys)
     else:
         keys = public_keys()
         backend = backend_for(None)
+    for c in own:  # the whole per-group cost before any group draws noise
+        ctx.accountant.charge(c.stage, c.budget, c.group)
     check = {} if plan.l0_check is None else l0_check(plan, l0_over_count, ctx, prefix)
     inner_stat = per_group_statistic(stat, plan.group_share)
     shared = None

@@ -435,3 +435,39 @@ def test_l0_count_moves_by_at_most_one_for_one_person(extra_keys):
     nb = NumpyGroupedInput(persons + ["zz"] * len(add), keys + [key_json([k]) for k in add],
                            {"x": np.concatenate([vals, np.full(len(add), 1e300)])}, f"{3:064x}", 1, public=pub)
     assert nb.l0_over_count() - base.l0_over_count() == (1 if extra_keys > 1 else 0)
+
+
+def test_a_private_selection_that_releases_no_key_charges_only_itself_and_says_so():
+    """A new user's grouped mean with groups {select: private} whose groups were all below the
+    selection threshold: the statistic was charged its whole share and left no row anywhere. Now
+    the per-group stages (never started: a DP outcome stopped the statistic) are not charged, and
+    one statistic-level row (no group key) says INSUFFICIENT_DATA and why; a selection that
+    releases keys still charges the per-group stages."""
+    from spark_jobs.grouping import run_grouped_numpy
+
+    rng = np.random.default_rng(3)
+    persons = [f"p{i}" for i in range(60)]  # 20 persons per key: far below the threshold
+    keys = [key_json([k]) for k in "ABC" for _ in range(20)]
+    src = NumpyGroupedInput(persons, keys, {"x": rng.normal(5.0, 1.0, 60)}, f"{3:064x}", 1)
+    cfg = _cfg({"kind": "mean", "columns": ["x"], "group_by": ["g"], "max_groups_per_person": 1,
+                "groups": {"select": "private"}})
+    stat = cfg.statistics[0]
+    acc = Accountant(stat.budget(cfg))
+    rels = run_grouped_numpy(cfg, stat, src, SeededNoise(1), acc)
+    assert len(rels) == 1 and rels[0].key == {}
+    r = rels[0].release
+    assert r.status == "INSUFFICIENT_DATA" and r.estimate is None
+    assert "no group key passed the private partition selection" in r.error_covers
+    sel = stat.budget(cfg).scaled(0.1)
+    assert composed_cost(acc.charges)[0] == pytest.approx(sel.epsilon)
+    assert (r.epsilon, r.delta) == pytest.approx((sel.epsilon, sel.delta))
+    assert all("per group" not in c.stage for c in acc.charges)
+    # enough persons: keys released, the whole plan charged
+    persons = [f"q{i}" for i in range(6000)]
+    keys = [key_json([k]) for k in "ABC" for _ in range(2000)]
+    src = NumpyGroupedInput(persons, keys, {"x": rng.normal(5.0, 1.0, 6000)}, f"{4:064x}", 1)
+    acc = Accountant(stat.budget(cfg))
+    rels = run_grouped_numpy(cfg, stat, src, SeededNoise(2), acc)
+    assert {tuple(r.key.values()) for r in rels} == {("A",), ("B",), ("C",)}
+    assert any("per group" in c.stage for c in acc.charges)  # charged before any group draws noise
+    assert sel.epsilon < composed_cost(acc.charges)[0] <= stat.budget(cfg).epsilon * (1 + 1e-12)
