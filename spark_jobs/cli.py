@@ -196,6 +196,12 @@ def cmd_budget(args) -> int:
         pop = ledger.set_limit(args.population, Budget(args.epsilon, delta))
         print(f"population {pop.population!r}: limit epsilon={pop.limit_epsilon:g} delta={pop.limit_delta:g}, "
               f"spent epsilon={pop.spent_epsilon:g} delta={pop.spent_delta:g}")
+        if pop.spent_epsilon > pop.limit_epsilon or pop.spent_delta > pop.limit_delta:
+            # a lower limit never undoes what was spent (a new user's `budget set --epsilon 5` under
+            # 8.89 spent was accepted silently and `budget show` printed remaining -3.89)
+            print(f"warning: the limit is below what this population has already spent: no run can charge it "
+                  f"again until the limit is raised above epsilon={pop.spent_epsilon:g} "
+                  f"delta={pop.spent_delta:g} (what was spent stays spent)", file=sys.stderr)
         return 0
     if ledger._table() is None:
         print(f"error: no ledger at {args.ledger}", file=sys.stderr)

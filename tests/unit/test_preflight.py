@@ -203,3 +203,21 @@ def test_a_run_whose_output_cannot_be_created_charges_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "output.path" in err and "not a directory" in err and "Traceback" not in err
     assert not (tmp_path / "ledger").exists()
+
+
+def test_budget_set_below_what_was_spent_warns(tmp_path, capsys):
+    """`person-dp budget set` to a limit under what a population already spent was accepted
+    silently (a new user then read `remaining -3.89`): it still sets the limit (an operator may
+    want to stop all runs), and says on stderr that nothing can be charged until it is raised."""
+    from spark_jobs.cli import main
+
+    led = tmp_path / "ledger"
+    ledger = Ledger(str(led))
+    ledger.set_limit("users", Budget(10.0, 1e-4))
+    r = ledger.reserve("users", "run-1", "job", Budget(8.0, 1e-6))
+    ledger.settle("users", "run-1", r.attempt, 8.0, 1e-6)
+    assert main(["budget", "set", "--ledger", str(led), "--population", "users", "--epsilon", "5"]) == 0
+    out = capsys.readouterr()
+    assert "limit epsilon=5" in out.out and "below what this population has already spent" in out.err
+    assert main(["budget", "set", "--ledger", str(led), "--population", "users", "--epsilon", "20"]) == 0
+    assert "warning" not in capsys.readouterr().err
