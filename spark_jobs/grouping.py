@@ -167,7 +167,7 @@ def no_key_release(stat: StatisticConfigBase, plan: GroupedPlan, ctx: RunContext
         estimand=(f"{stat.kind} of {list(stat.columns)} per group of {list(stat.group_by or ())}: no group key was "
                   "released"),
         algorithm=SELECTION_ALGORITHM, algorithm_version=SELECTION_VERSION, status="INSUFFICIENT_DATA",
-        epsilon=sel.budget.epsilon, delta=sel.budget.delta, estimate=None, estimate_shape=[0],
+        epsilon=sel.budget.epsilon, delta=sel.budget.delta, estimate=None, estimate_shape=[1],  # one long row
         error_covers=(f"none: no group key passed the private partition selection (a key needs a noisy person "
                       f"count above about {sel.threshold:.0f} persons at this budget); the per-group stages never "
                       "ran and were not charged: only the selection was. More persons per group, a larger share "

@@ -462,6 +462,17 @@ def test_a_private_selection_that_releases_no_key_charges_only_itself_and_says_s
     assert composed_cost(acc.charges)[0] == pytest.approx(sel.epsilon)
     assert (r.epsilon, r.delta) == pytest.approx((sel.epsilon, sel.delta))
     assert all("per group" not in c.stage for c in acc.charges)
+    # the long view carries it too (a shape of 0 coordinates left it out of releases_long)
+    row = ReleaseRow(run_id="r", job_name="g", dataset="d", input_path="x", input_format="parquet",
+                     input_delta_version=None, input_fingerprint="f", privacy_unit="pid", statistic="s",
+                     kind="mean", columns=["x"], estimand=r.estimand, algorithm=r.algorithm,
+                     algorithm_version=r.algorithm_version, status=r.status, estimate=None,
+                     estimate_shape=r.estimate_shape, epsilon=r.epsilon, delta=r.delta, neighbouring="n",
+                     noise_scale=None, noise_source="seeded", error_bar=None, error_level=0.0,
+                     error_covers=r.error_covers, parameters="{}", config_hash="h", code_version="c",
+                     created_at=None, flagged=None, group_key=None)
+    (lr,) = long_rows([row])
+    assert lr.status == "INSUFFICIENT_DATA" and lr.value is None and lr.group_key is None
     # enough persons: keys released, the whole plan charged
     persons = [f"q{i}" for i in range(6000)]
     keys = [key_json([k]) for k in "ABC" for _ in range(2000)]
