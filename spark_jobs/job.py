@@ -358,7 +358,13 @@ def run_job(
             log.info("ledger reconciled: %d entr%s marked released", fixed, "y" if fixed == 1 else "ies")
         if cfg.ledger.initial_limit is not None:
             lim = cfg.ledger.initial_limit
-            ledger.set_limit(population, Budget(lim.epsilon, lim.delta), only_if_absent=True)
+            pop = ledger.set_limit(population, Budget(lim.epsilon, lim.delta), only_if_absent=True)
+            if (pop.limit_epsilon, pop.limit_delta) != (lim.epsilon, lim.delta):
+                # the config's initial_limit only creates a population: say so when it differs (a new
+                # user changed it after the first run and read nothing about it being ignored)
+                log.warning("run %s: ledger.initial_limit (epsilon=%g delta=%g) is ignored: population %r already "
+                            "exists with limit epsilon=%g delta=%g; change it with person-dp budget set",
+                            run_id, lim.epsilon, lim.delta, population, pop.limit_epsilon, pop.limit_delta)
     if keyed:
         stored = stored_release(table_path, run_id)
         if stored:

@@ -156,9 +156,14 @@ def ledger_room(cfg: JobConfig, run_key: str | None = None) -> RoomCheck:
             f"delta={limit.delta:g}), spent (epsilon={spent[0]:g}, delta={spent[1]:g}), "
             f"requested (epsilon={request.epsilon:g}, delta={request.delta:g})"
         )
+    ignored = ""
+    lim = cfg.ledger.initial_limit
+    if cur is not None and lim is not None and (lim.epsilon, lim.delta) != (cur.limit_epsilon, cur.limit_delta):
+        ignored = (f"; ledger.initial_limit (epsilon={lim.epsilon:g}, delta={lim.delta:g}) is ignored: the population "
+                   "exists (change its limit with person-dp budget set)")
     return RoomCheck(
         run_id, False, request,
         f"population {population!r} has room: limit (epsilon={limit.epsilon:g}, delta={limit.delta:g}), "
         f"spent (epsilon={spent[0]:g}, delta={spent[1]:g}), requested (epsilon={request.epsilon:g}, "
-        f"delta={request.delta:g})",
+        f"delta={request.delta:g}){ignored}",
     )

@@ -221,3 +221,16 @@ def test_budget_set_below_what_was_spent_warns(tmp_path, capsys):
     assert "limit epsilon=5" in out.out and "below what this population has already spent" in out.err
     assert main(["budget", "set", "--ledger", str(led), "--population", "users", "--epsilon", "20"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_an_initial_limit_that_differs_from_the_ledger_is_said_to_be_ignored(tmp_path):
+    """`ledger.initial_limit` only creates a population: a new user raised it after the first run
+    and read nothing about it being ignored. `budget check` (ledger_room) now says so when the
+    population exists with another limit, and nothing when they agree."""
+    p = tmp_path / "d.parquet"
+    _frame().to_parquet(p)
+    led = Ledger(str(tmp_path / "out" / "privacy_ledger"))
+    led.set_limit("users", Budget(3.0, 1e-4))
+    msg = ledger_room(_cfg(tmp_path, p, limit=(10.0, 1e-4))).message
+    assert "initial_limit (epsilon=10, delta=0.0001) is ignored" in msg and "limit (epsilon=3" in msg
+    assert "ignored" not in ledger_room(_cfg(tmp_path, p, limit=(3.0, 1e-4))).message
