@@ -432,6 +432,15 @@ def measured_reach(profile, model) -> float:
 
 #: Persons x epsilon a thresholded range run needs in one octave, roughly (for messages).
 RANGE_PERSONS_PER_EPSILON = 70.0
+INSUFFICIENT_REASON = (
+    "no magnitude bucket passed the threshold in any range run (too few persons for the scale-free "
+    f"estimator at this budget: roughly {RANGE_PERSONS_PER_EPSILON:.0f}/epsilon persons in one octave, or in four "
+    "for the last run; "
+    "or magnitudes beyond the last run's public 2^-40..2^60, or options.exponent_range with delta = 0; "
+    "or declare options.scale)"
+)
+
+
 def persons_needed_text(epsilon: float, shares: "StageShares") -> str:
     """Roughly how many persons the scale-free range stage needs at a statistic's ``epsilon``
     (public: the plan's shares and constants), for the dry run: the thresholded retry's
@@ -444,15 +453,6 @@ def persons_needed_text(epsilon: float, shares: "StageShares") -> str:
         pooled = math.log(buckets / RETRY2_CONFIRM_BETA) / (shares.range_retry2 * epsilon)
         text += f", or ~{pooled:,.0f} within {RETRY2_OCTAVES} octaves"
     return text + " at this epsilon (fewer: INSUFFICIENT_DATA, only the range runs charged)"
-
-
-INSUFFICIENT_REASON = (
-    "no magnitude bucket passed the threshold in any range run (too few persons for the scale-free "
-    f"estimator at this budget: roughly {RANGE_PERSONS_PER_EPSILON:.0f}/epsilon persons in one octave, or in four "
-    "for the last run; "
-    "or magnitudes beyond the last run's public 2^-40..2^60, or options.exponent_range with delta = 0; "
-    "or declare options.scale)"
-)
 
 
 @dataclass(frozen=True)
