@@ -17,7 +17,7 @@ counts (:meth:`dplib.aggregates.Aggregates.log_histogram`), so no range is neede
    for ``|Y|`` in ``[2**lo, 2**(hi + 1))`` (``exponent_range``), plus a near-zero bin and one bin
    beyond each end; it picks the bin holding the q-quantile, up to its rank error. Its share is
    what keeps its rank error bound at ``1 / COARSE_FACTOR`` of the persons on the short side of q
-   (``n_s = n~ min(q, 1 - q)``), within ``COARSE_SHARE_RANGE`` (up to ``COARSE_SHARE_MAX_TWO``
+   (``n_s = n_low min(q, 1 - q)``, ``n_low`` the DP count less COUNT_LOWER_SCALES Laplace scales), within ``COARSE_SHARE_RANGE`` (up to ``COARSE_SHARE_MAX_TWO``
    when the data is small, below).
 3. **fine** (only when ``n_s epsilon >= TWO_STAGE_BELOW``): the same over the bins of ``Y - c`` around the
    coarse bin's midpoint ``c``, 64 bins per octave over 30 octaves below twice the coarse bin's
@@ -88,7 +88,7 @@ COUNT_SHARE = 0.10
 COARSE_FACTOR, FINE_FACTOR = 1.5, 1.0
 COARSE_SHARE_RANGE = (0.05, 0.25)
 FINE_SHARE_RANGE = (0.05, 0.25)
-#: Below this many persons on the short side of q times epsilon (``n~ min(q, 1 - q) epsilon``) the
+#: Below this many persons on the short side of q times epsilon (``n_low min(q, 1 - q) epsilon``) the
 #: fine stage is skipped (two stages: coarse, then final around the coarse bin) and the coarse share
 #: may reach:
 TWO_STAGE_BELOW = 300.0

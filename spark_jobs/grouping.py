@@ -6,7 +6,8 @@ aggregation). Its budget (the statistic's share of the job's) is spent as follow
 
 - ``groups: {select: private}``: ``selection_share`` of it on Laplace partition selection over
   the keys present in the data (:mod:`dplib.partitions`; per key (eps/L0, delta/L0)), before any
-  per-group stage; only the released keys get rows.
+  per-group stage; only the released keys get rows (none released: one statistic-level
+  INSUFFICIENT_DATA row with no group key, charged the selection only: :func:`no_key_release`).
 - ``L0_CHECK_SHARE`` of the rest on one Laplace count of the persons holding more than L0
   groups, sensitivity 1: a DP check of the L0 bound's truncation, reported in every group's
   parameters (``l0_over_persons`` and its 90% ``l0_over_persons_bar``) and flagged
@@ -172,7 +173,7 @@ def no_key_release(stat: StatisticConfigBase, plan: GroupedPlan, ctx: RunContext
                       f"count above about {sel.threshold:.0f} persons at this budget); the per-group stages never "
                       "ran and were not charged: only the selection was. More persons per group, a larger share "
                       "or a public key set (groups: {keys: ...}) release groups"),
-        parameters={**plan.describe(), "selected_keys": 0,
+        parameters={**plan.describe(), "selected_keys": 0, "l0_check": "not run",
                     "statistic_epsilon": stat.budget(ctx.cfg).epsilon, "statistic_delta": stat.budget(ctx.cfg).delta},
     )
 
@@ -188,14 +189,17 @@ def run_grouped(
     decode: Callable[[str], dict[str, str]],
     l0_over_count: Callable[[], int] | None = None,
 ) -> list[GroupRelease]:
-    """Release one grouped statistic: charge its whole plan, select the keys (if private), run
-    the kind's estimator per group against the grouped seam, one aggregation per stage.
+    """Release one grouped statistic: select the keys (if private; charged before its noise), then
+    charge the rest of its plan and run the kind's estimator per group against the grouped seam,
+    one aggregation per stage. A private selection that releases no key stops there: one
+    statistic-level row (:func:`no_key_release`), the rest of the plan never charged.
 
     ``person_counts``, ``pooled`` (the seam over one value per person, for a shared stage),
     ``public_keys``, ``backend_for`` (``(keys, first_only=False)``), ``decode`` and ``l0_over_count``
     (the exact number of persons holding more than L0 groups: the L0 check) come from the grouped
     input (:class:`spark_jobs.spark.grouping.SparkGroupedInput` or a numpy twin). Returns one
-    :class:`GroupRelease` per key (public keys: every listed key; private: the released keys).
+    :class:`GroupRelease` per key (public keys: every listed key; private: the released keys, or
+    one with an empty key when none was released).
     """
     kind = kind_of(stat)
     prefix = f"{stat.name}: "

@@ -348,3 +348,38 @@ def test_grouped_count_flags_l0_truncation_production_noise(spark, tmp_path):
         assert abs(p["l0_over_persons"] - 600) <= 300 and "WARNING (l0_truncated)" in r.error_covers
         kept += r.estimate[0]
     assert abs(kept - 600) <= 30  # the kept pairs: one per person (Laplace scale 1 / 1.96 each)
+
+
+def test_private_selection_releasing_no_key_writes_one_row_through_the_job(spark, tmp_path):
+    """A grouped mean with ``groups: {select: private}`` over 60 persons in three keys (20 each,
+    far below the selection's threshold of ~1 + ln(L0 / delta) / (0.1 epsilon) = 139 persons at
+    epsilon 1: a key of 20 passes with probability < 1e-5), through the job and the production
+    noise source: one statistic-level row, INSUFFICIENT_DATA with no group key and the reason,
+    charged the selection's share only (the per-group stages never start), and the long view
+    carries the row too (the unit test covers the numpy path; this one the writer and Delta)."""
+    rows = [(f"p{i}", "ABC"[i % 3], float(i % 7)) for i in range(60) for _ in range(2)]
+    path = str(tmp_path / "nokey.parquet")
+    pd.DataFrame(rows, columns=["pid", "grp", "x"]).to_parquet(path, index=False)
+    cfg = parse_config({
+        "job_name": "nokey", "input": {"path": path, "format": "parquet"}, "privacy_unit": {"column": "pid"},
+        "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "statistics": [{"name": "m", "kind": "mean", "columns": ["x"], "share": 1.0, "group_by": ["grp"],
+                        "max_groups_per_person": 1, "groups": {"select": "private"}}],
+        "output": {"path": str(tmp_path / "out")}, "ledger": {"enabled": False},
+    })
+    plan = plan_job(cfg)
+    selection = [c.budget.epsilon for c in plan.charges if c.stage == "m: partition selection"]
+    assert selection == [pytest.approx(0.1)]
+    result = run_job(cfg, spark=spark)  # production noise
+    (row,) = result.rows
+    assert row.noise_source == SecureNoise.name
+    assert row.status == "INSUFFICIENT_DATA" and row.estimate is None and row.error_bar is None
+    assert row.group_key is None or row.group_key == {}
+    assert "no group key passed the private partition selection" in row.error_covers
+    assert json.loads(row.parameters)["l0_check"] == "not run"
+    assert result.epsilon_spent == pytest.approx(0.1)
+    assert (row.epsilon, row.delta) == pytest.approx((0.1, plan.charges[0].budget.delta))
+    stored = spark.read.format("delta").load(str(tmp_path / "out" / "releases")).collect()
+    assert len(stored) == 1 and stored[0]["status"] == "INSUFFICIENT_DATA"
+    long_rows = spark.read.format("delta").load(str(tmp_path / "out" / "releases_long")).collect()
+    assert len(long_rows) == 1 and long_rows[0]["status"] == "INSUFFICIENT_DATA" and long_rows[0]["value"] is None

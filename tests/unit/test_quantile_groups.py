@@ -17,7 +17,8 @@ from dplib.mechanisms import SeededNoise
 from dplib.quantile import COARSE_SUB, COUNT_SHARE, STAGE_COUNT, candidates, exact_quantile, sub_edges
 from dplib.quantile_groups import (
     MEDIAN_SHARE, PATH_OWN, PATH_WINDOW, SHARED_KEY, SHARED_SHARE, STAGE_MAD, STAGE_WINDOW, WINDOW_MADS, GroupQuantilePlan,
-    QuantileWindow, SharedWindowPlan, group_person_quantile, magnitude_scores, shared_window,
+    QuantileWindow, SharedWindowPlan, group_person_quantile, log_widths, magnitude_scores, shared_window,
+    window_log_weights,
 )
 
 
@@ -164,24 +165,30 @@ def test_grouped_plan_composes_to_the_statistic_budget():
 
 
 def test_the_window_weighs_its_far_empty_part_down():
-    """A group's p90 (800 persons, 80 above it, epsilon 0.18): the window's bins run to a power of
-    two above the pooled MAD span and its edge bins weigh the whole reach, so the width-weighted
-    stage picked the far, empty part in 33 of 200 runs (5-60 sds off). The base measure now decays
-    beyond the span (FAR_DECAY): at most 10 such picks, the median error lower, and the rank bound
-    (with the same weights) still covers in >= 90% of runs."""
-    y = np.random.default_rng(5).normal(6.0, 1.0, 800)
-    window = QuantileWindow(5.5, int(np.frexp(2 * 8 * 1.2)[1]), 1.0, 1.2)
-    plan = GroupQuantilePlan(Budget(0.18), q=0.9)
+    """A group's p90 (300 persons, 30 above it, epsilon 0.3) in the window that :func:`shared_window`
+    builds for its pooled MAD bin (bins to the first power of two at or above WINDOW_MADS x the
+    bin's upper edge): the outer bins, which hold nobody, weighed by their width alone and the
+    stage picked beyond 3 sds in 47 of 200 runs (version 3 decayed only from twice the reach, so
+    never inside such a window: a review found its test built a window 4x wider than production).
+    The base measure now decays from the reach (FAR_DECAY): at most 30 such picks, the median error
+    lower, and the rank bound (with the same weights) still covers in >= 90% of runs."""
+    y = np.random.default_rng(5).normal(6.0, 1.0, 300)
+    mad_hi = 1.0  # the pooled MAD (0.67 here) falls in the coarse bin [0.5, 1)
+    e_hi = math.frexp(WINDOW_MADS * mad_hi)[1] - 1  # as shared_window computes it
+    window = QuantileWindow(float(np.median(y)) + 0.1, e_hi, mad_hi / 2, mad_hi)
+    cands = window.candidates()
+    assert np.any(window_log_weights(cands, window) < log_widths(cands))  # the decay acts in this window
+    plan = GroupQuantilePlan(Budget(0.3), q=0.9)
     exact, t = exact_quantile(y, 0.9), 0.9 * y.size
     errs, covered = [], 0
     for s in range(200):
-        rel = group_person_quantile(agg(y), "v", plan, SeededNoise([6, s]), window, Accountant(Budget(0.18)), "g: ")
+        rel = group_person_quantile(agg(y), "v", plan, SeededNoise([6, s]), window, Accountant(Budget(0.3)), "g: ")
         errs.append(abs(rel.estimate[0] - exact))
         lo, hi = (v if v is not None else sg * np.inf for v, sg in zip(rel.parameters["final_bin"], (-1, 1)))
         covered += max(np.sum(y < lo) - t, t - np.sum(y <= hi), 0.0) <= rel.parameters["rank_error_90_persons"]
     errs = np.array(errs)
-    assert np.sum(errs > 5.0) <= 10
-    assert np.median(errs) < 0.06
+    assert np.sum(errs > 3.0) <= 30
+    assert np.median(errs) < 0.15
     assert covered >= 180
 
 
