@@ -39,6 +39,9 @@ from spark_jobs.provenance import code_version
 from spark_jobs.release import RELEASES_LONG_TABLE, RELEASES_TABLE, ReleaseRow, to_json
 
 log = logging.getLogger("person_dp.job")
+#: Parameters whose truth flags a release row (``flagged``): a tail the bar assumes, an L0 bound
+#: that truncated persons, an exponential mechanism whose guarantee is too loose to inform.
+FLAG_KEYS = ("tail_flag", "l0_truncated", "uninformative")
 #: Said (dry run, log) when ``ledger.path`` is not set: the default ledger sits under the output
 #: path, so a job on the same population that writes elsewhere keeps a separate budget.
 DEFAULT_LEDGER_WARNING = (
@@ -89,6 +92,13 @@ class JobPlan:
         for name, p in self.plans.items():
             lines.append(describe_statistic(stats[name], p))
         lines.append(f"total cost (composed): epsilon={eps:.6g}, delta={delta:.3g}")
+        cap = cfg.summary.max_records_per_person
+        if cap is not None:
+            # statistics that read no per-person summary draw their own records (e.g. m per person)
+            own = [s.name for s in cfg.statistics if not kind_of(s).value_columns(s)]
+            lines.append(f"record cap: at most {cap} records per person (a salted uniform draw) for every statistic"
+                         + (f" except {', '.join(own)}: it draws its own records per person (options.m) "
+                            "and does not read the cap" if own else ""))
         if cfg.ledger.enabled:
             lines.append(f"spent from population {cfg.population()!r} in ledger {cfg.ledger_path()}")
             if not cfg.ledger.path:
@@ -204,8 +214,7 @@ def release_row(cfg: JobConfig, stat: StatisticConfigBase, rel: Release, *, run_
         config_hash=config_hash or cfg.config_hash(),
         code_version=code_version(),
         created_at=created,
-        flagged=(bool(parameters.get("tail_flag")) or bool(parameters.get("l0_truncated")))
-        if ("tail_flag" in parameters or "l0_truncated" in parameters) else None,
+        flagged=any(bool(parameters.get(k)) for k in FLAG_KEYS) if any(k in parameters for k in FLAG_KEYS) else None,
         group_key=group_key,
     )
 

@@ -82,6 +82,19 @@ DEFAULT_CLOSENESS_RADIUS = 0.0
 #: g = 0.01 fails for every grid point from ~8e4 persons on; 2e4 keeps a 4x margin. Far below
 #: the cap P3's error is floored by the grid step 1/G, not by the persons scored.
 MAX_PERSONS = 20_000
+#: The release is flagged (``uninformative``) when the exponential mechanism's 90% utility bound
+#: (:func:`em_score_bound`, in batches) reaches this share of the persons scored: the draw may
+#: then land on a grid point that needs that share of the batches discarded, which says little
+#: about the data (a new user's P3 at 74 persons, epsilon 0.27: total variation 0.375, status OK,
+#: nothing said).
+UNINFORMATIVE_SHARE = 0.25
+
+
+def em_score_bound(epsilon: float, grid_points: int, gap: float = SANDWICH_GAP, level: float = 0.9) -> float:
+    """The exponential mechanism's utility bound at ``level``: with probability at least ``level``
+    the drawn grid point's score is within ``2 (1 + g) (ln |grid| + ln(1 / (1 - level))) / epsilon``
+    batches of the best (McSherry & Talwar 2007; public inputs only)."""
+    return 2.0 * (1.0 + gap) * (math.log(grid_points) + math.log(1.0 / (1.0 - level))) / epsilon
 
 
 def check_alpha(alpha) -> float:

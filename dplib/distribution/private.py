@@ -72,6 +72,8 @@ from dplib.distribution.p3 import (
     DEFAULT_CLOSENESS_RADIUS,
     STAGE_COUNT,
     STAGE_P3,
+    UNINFORMATIVE_SHARE,
+    em_score_bound,
     p3_mechanism,
     p3_release,
     p3_setup,
@@ -589,6 +591,16 @@ def private_distribution(
         eps, delta = composed_cost(accountant.charges[start:])
         covers = ("no error bar: the exponential mechanism has no per-coordinate noise scale (the output is a "
                   "grid point; grid step 1/G and the closeness radius alpha bound its resolution)")
+        # how far from the best grid point the draw may land (public inputs and the DP n: post-processing)
+        n_scored = int(params.get("persons_scored", params.get("n_public_as_in_paper", 1)))
+        bound = em_score_bound(budgets[STAGE_P3].epsilon, int(params["grid_points"]), float(params["sandwich_gap_batches"]))
+        uninformative = bound >= UNINFORMATIVE_SHARE * n_scored
+        params.update({"em_score_bound_90_batches": round(bound, 1), "uninformative": uninformative})
+        if uninformative:
+            covers += (f"; WARNING (uninformative): with {n_scored} persons scored at epsilon {budgets[STAGE_P3].epsilon:.3g}, "
+                       f"the mechanism's 90% guarantee allows a grid point that needs {bound:.0f} batches "
+                       f"({min(bound / max(n_scored, 1), 1.0):.0%} of them) discarded: the output may be far from the "
+                       "data; more persons or epsilon, or estimator shares / P0, give an informative release")
         return DistributionRelease(STATUS_OK, estimate, names, None, ERROR_LEVEL, covers, None, eps, delta, params)
     if plan.estimator == "P0":
         charge(STAGE_POOLED)

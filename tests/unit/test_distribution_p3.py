@@ -391,3 +391,25 @@ def test_sampler_follows_the_exact_distribution(base_scores):
 
     assert chi2_p(p) > 0.001
     assert chi2_p(p3.p3_probabilities(s.alpha_scores, 1.3 * EPS)) < 0.001
+
+
+def test_the_utility_bound_holds_and_flags_too_few_persons(base_scores):
+    """em_score_bound (McSherry-Talwar at 90%) against the exact output distribution of real P3
+    scores: the mass beyond best + bound is at most 10% (and the bound is not vacuous: beyond
+    half of it the mass is larger than beyond it). A release whose bound reaches a quarter of the
+    persons scored is flagged ``uninformative`` and says so (a new user's P3 at 74 persons, epsilon
+    0.27: total variation 0.375, status OK, nothing said); one with room is not."""
+    s, p = base_scores
+    bound = p3.em_score_bound(EPS, s.alpha_scores.size)
+    best = float(np.min(s.alpha_scores))
+    tail = float(np.sum(p[s.alpha_scores > best + bound]))
+    assert tail <= 0.1
+    assert float(np.sum(p[s.alpha_scores > best + bound / 2])) > tail
+    few = private_distribution(small_backend(BASE), p3_plan(0.5), SeededNoise(0))
+    assert few.parameters["uninformative"] is True
+    assert few.parameters["em_score_bound_90_batches"] >= 0.25 * few.parameters["persons_scored"]
+    assert "WARNING (uninformative)" in few.error_covers
+    many = np.repeat(np.asarray(BASE), 100, axis=0)  # 800 persons at epsilon 4
+    rel = private_distribution(small_backend(many), p3_plan(4.0), SeededNoise(0))
+    assert rel.parameters["uninformative"] is False and "WARNING" not in rel.error_covers
+    assert rel.parameters["em_score_bound_90_batches"] < 0.25 * rel.parameters["persons_scored"]

@@ -81,6 +81,21 @@ def test_config_discriminates_on_kind():
     assert "v: clipped covariance, d=2" in text
 
 
+def test_dry_run_says_the_record_cap_skips_distributions():
+    """A new user set summary.max_records_per_person and a distribution: the cap silently did not
+    apply to it (documented only in the configuration table). The plan now says which statistics
+    read the cap."""
+    stats = [{"name": "m", "kind": "mean", "columns": ["x"], "share": 0.5},
+             {"name": "d", "kind": "distribution", "columns": ["c"], "share": 0.5, "options": {"categories": ["a"]}}]
+    cfg = parse_config({**base(stats), "summary": {"max_records_per_person": 20}})
+    assert ("record cap: at most 20 records per person (a salted uniform draw) for every statistic except d: "
+            "it draws its own records per person (options.m) and does not read the cap") in plan_job(cfg).render()
+    cfg = parse_config({**base(stats[:1]), "summary": {"max_records_per_person": 20}})
+    text = plan_job(cfg).render()
+    assert "record cap: at most 20 records per person" in text and "except" not in text
+    assert "record cap" not in plan_job(parse_config(base(stats))).render()
+
+
 @pytest.mark.parametrize("stat, message", [
     ({"kind": "median", "columns": ["x"]}, "does not match any of the expected tags: 'mean'"),
     ({"kind": "mean", "columns": ["x"], "options": {"categories": ["a"]}},

@@ -66,6 +66,23 @@ def test_retry_of_a_run_id_abandons_the_old_attempt(ledger):
     assert sorted((e["attempt"], e["status"]) for e in ledger.entries("pop", "r")) == [(1, "abandoned"), (2, "released")]
 
 
+def test_a_retry_refused_for_room_names_its_own_abandoned_attempts(ledger):
+    """A new user's run crashed after reserving 0.6 of a 1.0 limit; its retry (same run id) was
+    refused for lack of room with "spent 0.6" and nothing saying that the 0.6 was its own dead
+    attempt. The refusal now says so (and still writes nothing)."""
+    import socket
+
+    ledger.reserve("pop", "r", "job", Budget(0.6, 0.0))
+    _reserved_by(ledger, "r", f"{socket.gethostname()}:999999999")
+    before = ledger.rows()
+    with pytest.raises(BudgetExceededError, match=r"epsilon=0\.6 is this run id's own 1 earlier attempt\(s\)"):
+        ledger.reserve("pop", "r", "job", Budget(0.6, 0.0))
+    assert ledger.rows() == before
+    with pytest.raises(BudgetExceededError) as other:  # another run id: no such clause
+        ledger.reserve("pop", "s", "job", Budget(0.6, 0.0))
+    assert "earlier attempt" not in str(other.value)
+
+
 def test_set_limit_keeps_spent(ledger):
     ledger.reserve("pop", "a", "job", Budget(0.5, 0.0))
     ledger.set_limit("pop", Budget(2.0, 1e-5))
