@@ -55,13 +55,13 @@ from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.scale_free_multivariate import (ScaleFreeMultivariatePlan, clamp_radius,
                                                scale_free_multivariate_mean, zero_atom_reason,
-                                               ZERO_ATOM_OTHERS)
+                                               ZERO_ATOM_OTHERS, NORM_PROFILE_EMPTY)
 from dplib.mechanisms import NoiseSource, gaussian_sigma
 from dplib.mechanisms.basic import clamp_exact
 from dplib.seam import Aggregates
 
 ALGORITHM = "clipped-covariance/scale-free (CoinPress-style)"
-ALGORITHM_VERSION = "8"  # 8: no bar when stage 1 (the multivariate mean, version 8) kept a zero-atom coordinate (countymurders execs: a variance bar of 2e-23 against an exact 3e-3); 7: stage 1 (the multivariate mean, version 7) retries a coordinate whose first range is the zero bucket alone; 6: the small-data layout (from the auto covariance's DP count: SMALL_MEAN_SHARE, SMALL_STAGE1, the multivariate mean's zoom, local scale median and radius clamp); 5: stage 1 (the multivariate mean, version 6) falls back to a joint-norm range instead of a second per-coordinate retry; 4: its stage 1 (the multivariate mean, version 5) retries its ranges with pure-DP buckets
+ALGORITHM_VERSION = "9"  # 9: no bar (flagged) when stage 1's norm profile measured no tail (norm_profile_empty: nothing beyond its first edge, or over half the persons beyond its furthest measured edge; 532 persons at epsilon 0.5: entries missed by up to 199 bars, unflagged); 8: no bar when stage 1 (the multivariate mean, version 8) kept a zero-atom coordinate (countymurders execs: a variance bar of 2e-23 against an exact 3e-3); 7: stage 1 (the multivariate mean, version 7) retries a coordinate whose first range is the zero bucket alone; 6: the small-data layout (from the auto covariance's DP count: SMALL_MEAN_SHARE, SMALL_STAGE1, the multivariate mean's zoom, local scale median and radius clamp); 5: stage 1 (the multivariate mean, version 6) falls back to a joint-norm range instead of a second per-coordinate retry; 4: its stage 1 (the multivariate mean, version 5) retries its ranges with pure-DP buckets
 STAGE_MEAN = "mean: "
 STAGE_SECOND = "second moment"
 #: Epsilon share of stage 1, and the shares of its centre, scale and norm-profile stages (of stage
@@ -503,6 +503,14 @@ def clipped_covariance(
     error_bar = entry_error_bar(m, shift, cov - unprojected, scales, sigma / denom, w, c, clip_bound)
     if zero_atoms:  # a coordinate clipped at the zero bucket's scale: nothing bounds its bias
         error_bar = None
+    # stage 1's norm profile measured no tail (its DP outcome; scale_free_multivariate's
+    # norm_profile_empty): its fallback tail bounds nothing. A new user's 532 persons at epsilon 0.5:
+    # scales 3-10x off, 60-90% of persons clipped, bias bounds ~1e-6, entries missing by up to 199
+    # bars, unflagged (numpy, 60 seeds of that shape: 19 runs with a miss beyond one bar, 12 beyond
+    # three; now 50 runs without a bar, one miss of 1.09 bars)
+    profile_empty = bool(p1.get("norm_profile_empty", False))
+    if profile_empty:
+        error_bar = None
     eps, delta = composed_cost(accountant.charges[start:])
     params.update(
         {
@@ -522,6 +530,7 @@ def clipped_covariance(
             "second_moment_epsilon": budget2.epsilon,
             "second_moment_delta": budget2.delta,
             "stage1_tail_flag": bool(p1.get("tail_flag", False)),
+            "stage1_norm_profile_empty": profile_empty,
             "stage1_tail_nu_used": p1.get("tail_nu_used"),
             # how many persons could sit far beyond stage 1's norm profile unseen (its bar assumes none)
             "unseen_persons": p1.get("unseen_persons"),
@@ -539,6 +548,8 @@ def clipped_covariance(
     params["clipping_bias_bound_scaled"] = clip_bound
     if zero_atoms:
         covers = "nothing: " + zero_atom_reason([cols[j] for j in zero_atoms]) + ZERO_ATOM_OTHERS
+    elif profile_empty:
+        covers = NORM_PROFILE_EMPTY.replace("the norm profile", "stage 1's norm profile", 1)
     elif error_bar is None:
         covers = ("nothing: stage 1 gave no finite bound on the clipping bias of a second moment; the estimate "
                   "is private but has no honest error bar")

@@ -89,6 +89,7 @@ from dplib.mean.multivariate import (
 )
 from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import (
+    measured_survival,
     check_range_quantile,
     HIDDEN_SD,
     MagnitudeRange,
@@ -112,7 +113,7 @@ from dplib.mean.scale_free import (
     stage_charger,
     tail_from_profile,
 )
-from dplib.mean.scale_free_stages import (at_zero_floor, bar_bias, tail_flag_reason, unseen_note, unseen_persons,
+from dplib.mean.scale_free_stages import (MEASURED_SD, at_zero_floor, bar_bias, tail_flag_reason, unseen_note, unseen_persons,
                                           zero_atom_reason)
 from dplib.mean.scale_free import PROFILE_SUB_EDGES as HALF_OCTAVE
 from dplib.mechanisms import NoiseSource, gaussian_sigma, pure_dp_histogram
@@ -209,6 +210,19 @@ SCALE_OCTAVES_ABOVE = 2
 #: ~0 in the norms: the profile, the radius and the clipping are the other coordinates'; it is released at its centre)
 ZERO_ATOM_NORM_SCALE = 1e300
 #: Added to a vector release's text when some coordinates are at the zero floor (public).
+#: The norm profile "measured no tail" when its furthest measured survival is above this share (more
+#: than half the persons beyond everything it measured: the fallback tail is then anchored where
+#: the mass has not begun to fall; seen: survival 1 at every measured edge up to 0.7 scaled units,
+#: 74% of persons clipped at 2.5 with a bias bound of 0.14, an entry off by 9 bars).
+UNMEASURED_TAIL_SURVIVAL = 0.5
+#: The text of a release without a bar because the norm profile measured nothing (``norm_profile_empty``).
+NORM_PROFILE_EMPTY = (
+    "nothing: the norm profile measured none of the tail of the persons' deviation norms at this budget (its "
+    "counts under their noise floor, or more than half the persons beyond all it measured: too few persons for "
+    "this epsilon), so nothing bounds the clipping bias, and the coordinates' scales may be far off (persons "
+    "clipped to the ball's surface pull every spread down); the estimate is private but has no honest error "
+    "bar: more persons or epsilon, or fewer columns at a time"
+)
 ZERO_ATOM_OTHERS = ("; it is released at its clipping centre, and the other columns are estimated with it scaled "
                     "out of the clipping, but this release has no bar for any of them: a statistic without it "
                     "gives them bars")
@@ -775,6 +789,14 @@ def scale_free_multivariate_mean(
     profile = confirm_isolated_bins(deviation_profile_from_counts(counts, b.epsilon, noise, low, high, HALF_OCTAVE))
     del counts
     model, fitted_nu, nu_used, tail_flag, overflow = tail_from_profile(profile, b.epsilon, plan.k)
+    # Did the profile measure any of the tail? Not when nothing is measured beyond its first edge
+    # (every survival count under its detection limit) or more than UNMEASURED_TAIL_SURVIVAL of the
+    # persons lie beyond its furthest measured edge: the tail model is then a fallback anchored where
+    # the mass has not begun to fall. Published (``norm_profile_empty``) for the clipped covariance,
+    # whose second moment cannot rest a bar on it; this mean's own bars stayed honest there (numpy,
+    # 40 seeds at 300 persons, d = 4, epsilon 1: 13 such runs, coverage 0.99 over all bars).
+    _, measured, _, limit = measured_survival(profile, b.epsilon, MEASURED_SD, True)
+    norm_profile_empty = bool(limit > 0 or float(measured[-1]) > UNMEASURED_TAIL_SURVIVAL)
     # The radius is chosen on what the profile sees: noisy mass above its highest visible bin,
     # significant at HIDDEN_SD sds (a false alarm in ~2% of runs on light tails), moves the bias
     # bound (and the flag) but not the radius; read as survival it put the radius at the top of
@@ -849,6 +871,7 @@ def scale_free_multivariate_mean(
             "final_epsilon": b_final.epsilon,
             "noise_sd": [float(x) for x in fin.sigma / fin.denom * scales],
             "unseen_persons": round(unseen_persons(profile, b.epsilon), 1),
+            "norm_profile_empty": norm_profile_empty,
         }
     )
     if zero_atoms:
