@@ -50,6 +50,7 @@ from dplib.mean.scale_free import ONE_SIDED_NU_MAX, RADIUS_GRID_PER_OCTAVE, RADI
 from dplib.mean.scale_free_stages import (
     BALANCE_SHARE,
     NU_FLOOR,
+    NU_MARGIN,
     bar_bias,
     INSUFFICIENT_REASON,
     ScaleFreeStagesPlan,
@@ -319,9 +320,15 @@ def person_variance(
         tail_flag = True
     elif not math.isfinite(half):
         half, interval = math.inf, None
+        # say which: the fit itself, or the margin taken beyond what the profile measured (a new
+        # user's 1-5 ratings read "a fitted tail heavier than x^-2" beside tail_nu 3.7, point 12.6)
+        why = (f"the tail's power fitted {setup.fitted_nu:.2g} at its one-sd lower bound (point fit "
+               f"{float(model.nu):.2g}), taken {NU_MARGIN:g} heavier beyond what the profile measured as every "
+               f"scale-free bar takes it: {setup.nu_used:.2g}, and a second moment needs more than 2; at this "
+               "budget the profile cannot confirm a lighter tail, even for bounded values"
+               if setup.profile.total > 0 else "no persons measured in it")
         covers = ("nothing: the deviation profile gives no finite bound on the clipping bias of a "
-                  "second moment (a fitted tail heavier than x^-2, or no persons measured in it); the "
-                  "estimate is private but has no honest error bar")
+                  f"second moment ({why}); the estimate is private but has no honest error bar")
         tail_flag = True  # flagged: a released 0 with no bar read as valid (a new user's trial)
     else:
         covers += unseen_note(setup.profile, setup.profile_epsilon, setup.n_hat)

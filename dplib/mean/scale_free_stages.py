@@ -310,7 +310,8 @@ def unseen_note(profile, epsilon: float, n_hat: float, what: str = "means") -> s
     k = unseen_persons(profile, epsilon)
     share = k / max(n_hat, 1.0)
     return (f"; it assumes the persons' {what} beyond what the deviation profile measured follow the fitted tail: "
-            f"up to ~{k:.0f} persons (~{share:.0%} of them) far out would go unseen at this budget "
+            f"up to ~{k:.0f} persons (~{share:.0%} of a DP count of ~{max(n_hat, 1.0):.0f}) far out would go unseen "
+            "at this budget "
             "(parameters.unseen_persons)")
 
 
