@@ -267,6 +267,33 @@ class QuantilePlan:
         want = factor * rank_error_bound(n_candidates, self.budget.epsilon, self.sensitivity) / n_s
         return self.budget.epsilon * min(max(want, lo), hi)
 
+    def rank_bounds(self, n_low: float, count_share: float = COUNT_SHARE) -> tuple[dict[str, float], dict[str, float], int]:
+        """``(shares, bounds, extra)`` at a count lower bound ``n_low`` (public: the plan and a DP
+        output): the stages' epsilons (:meth:`stage_shares`), the rank error bounds of the coarse
+        stage (which places the window) and of the final one (an unweighted bound: a rule of thumb),
+        and the final window's extra octaves. A release needs ``n_low min(q, 1 - q)`` at least
+        ``INSUFF_FACTOR`` times the larger bound."""
+        shares = self.stage_shares(n_low, count_share)
+        delta_q = self.sensitivity
+        extra = extra_octaves(n_low * min(self.q, 1.0 - self.q), shares[STAGE_FINAL], delta_q)
+        bounds = {STAGE_COARSE: rank_error_bound(self.coarse_candidates().size, shares[STAGE_COARSE], delta_q),
+                  STAGE_FINAL: rank_error_bound(fine_size(extra), shares[STAGE_FINAL], delta_q)}
+        return shares, bounds, extra
+
+    def persons_needed(self) -> int:
+        """About how many persons a release needs (public; for the dry run): the smallest count
+        whose lower bound (less ``COUNT_LOWER_SCALES`` Laplace scales of the count) passes the
+        ``INSUFFICIENT_DATA`` rule, found on a 2% grid."""
+        side = min(self.q, 1.0 - self.q)
+        scale = inflate(1.0) / (self.budget.epsilon * COUNT_SHARE)
+        n = 1.0
+        while n < 1e15:
+            _, bounds, _ = self.rank_bounds(n)
+            if n * side >= INSUFF_FACTOR * max(bounds.values()):
+                return int(math.ceil(n + COUNT_LOWER_SCALES * scale))
+            n *= 1.02
+        return int(1e15)
+
     def charges(self, prefix: str = "") -> list[Charge]:
         """The nominal charges (the privacy cost before any data is read): the count, then the
         search stages at their largest shares with the final stage's nominal share the rest.
@@ -439,15 +466,12 @@ def person_quantile(
     # a lower bound of the count (its Laplace scale: sensitivity inflate(1) at eps_count): the
     # decisions below must not trust a count that came out high (post-processing of a DP output)
     n_low = max(n_noisy - COUNT_LOWER_SCALES * inflate(1.0) / eps_count, 0.0)
-    shares = plan.stage_shares(n_low, min(eps_count / plan.budget.epsilon, COUNT_SHARE))
-    coarse = plan.coarse_candidates()
     # the rank error bounds of the coarse stage (which places the window) and of the final one (an
     # unweighted bound: a rule of thumb); the larger decides whether the answer can mean anything
     # (public: sizes, budgets and a DP count). A fine stage far off is recovered by the final
     # stage, whose window is the fine stage's.
-    extra = extra_octaves(n_low * min(plan.q, 1.0 - plan.q), shares[STAGE_FINAL], delta_q)
-    bounds = {STAGE_COARSE: rank_error_bound(coarse.size, shares[STAGE_COARSE], delta_q),
-              STAGE_FINAL: rank_error_bound(fine_size(extra), shares[STAGE_FINAL], delta_q)}
+    shares, bounds, extra = plan.rank_bounds(n_low, min(eps_count / plan.budget.epsilon, COUNT_SHARE))
+    coarse = plan.coarse_candidates()
     stages = [{"stage": STAGE_COUNT, "epsilon": eps_count, "delta": 0.0}]
     params: dict[str, object] = {
         "q": float(plan.q), "noisy_person_count": round(n_noisy, 1), "person_count_lower": round(n_low, 1),

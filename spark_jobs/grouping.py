@@ -146,9 +146,13 @@ def describe(stat: StatisticConfigBase, plan) -> str:
     how = (f"{len(plan.keys)} public keys" if plan.keys is not None else
            f"keys selected privately (Laplace threshold {plan.selection.threshold:.3g} persons, "
            f"per key epsilon={plan.selection.key_epsilon:.3g}, delta={plan.selection.key_delta:.3g})")
+    # a scale-free range shared by all groups: roughly how many persons it needs (public: its
+    # epsilon; a new user's grouped mean read this only in its INSUFFICIENT_DATA text)
+    needed = getattr(plan.shared, "persons_needed_text", None)
+    shared = f"; shared range (all groups together): {needed()}" if callable(needed) else ""
     return (f"  {stat.name}: per group of ({', '.join(plan.group_by)}), {how}; each person in at most "
             f"{plan.l0} groups{check}; each group: epsilon={plan.group_budget.epsilon:.4g}, "
-            f"delta={composed_cost(plan.inner.charges())[1]:.3g}\n"
+            f"delta={composed_cost(plan.inner.charges())[1]:.3g}{shared}\n"
             + kind.describe(stat.name + " (each group)", plan.inner))
 
 

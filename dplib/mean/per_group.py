@@ -82,6 +82,7 @@ from dplib.mean.scale_free import (
 )
 from dplib.mean.ranges import DeviationProfile, confirm_isolated_bins, deviation_profile_from_counts, profile_quantile
 from dplib.mean.scale_free_stages import (
+    persons_needed_text,
     STAGE_RANGE,
     STAGE_RANGE_RETRY,
     STAGE_RANGE_RETRY2,
@@ -261,6 +262,11 @@ class SharedScalePlan:
         locate does not: if none asks, or under ``shared_scale(..., joint_within=False)``, its share
         is planned and left unspent)."""
         return SHARED_STAGE_SHARES.largest_path(self.stage_charges(prefix))
+
+    def persons_needed_text(self) -> str:
+        """Roughly how many persons (all groups together) the shared range needs at this budget
+        (public; for the dry run: :func:`~dplib.mean.scale_free_stages.persons_needed_text`)."""
+        return persons_needed_text(self.budget.epsilon, SHARED_STAGE_SHARES)
 
     def stage_charges(self, prefix: str = "") -> list[Charge]:
         """:meth:`charges` and the pooled range retry (its largest share: it runs only when the

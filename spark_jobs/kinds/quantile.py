@@ -99,7 +99,9 @@ class QuantileKind(StatisticKind):
         return (f"  {name}: {plan.q:g}-quantile of the person means, no user range: a Laplace count (10%; decisions read its lower bound), then the "
                 "exponential mechanism (sensitivity max(q, 1-q)) over log-magnitude bins: coarse, fine (skipped "
                 "below 300 persons on the short side of q) and a width-weighted final stage; the coarse and fine "
-                "shares (5-40%) are chosen from the DP count, the final stage takes the rest (40-85%); pure epsilon")
+                "shares (5-40%) are chosen from the DP count, the final stage takes the rest (40-85%); pure epsilon; "
+                f"releases from about {plan.persons_needed():,} persons at this epsilon (fewer: INSUFFICIENT_DATA, "
+                "only the count charged)")
 
     def run(self, stat, plan, ctx: RunContext) -> Release:
         column = stat.columns[0]

@@ -140,3 +140,18 @@ def test_every_kind_is_documented(kind):
     """docs/configuration.md's kinds table names every registered kind."""
     text = (ROOT / "docs" / "configuration.md").read_text()
     assert f"`{kind}`" in text
+
+
+def test_dry_run_says_how_many_persons_a_grouped_mean_shared_range_needs():
+    """A new user's grouped mean failed with "roughly 15,556 / 10,370 persons" in its
+    INSUFFICIENT_DATA text only; the dry run now gives the shared range's figure."""
+    from dplib.mean.per_group import SHARED_STAGE_SHARES
+    from dplib.mean.scale_free_stages import persons_needed_text
+
+    cfg = parse_config(base([{"name": "m", "kind": "mean", "columns": ["x"], "share": 1.0, "group_by": ["g"],
+                              "max_groups_per_person": 1, "groups": {"keys": [["a"], ["b"]]}}]))
+    plan = plan_job(cfg)
+    shared = plan.plans["m"].shared
+    text = plan.render()
+    assert f"shared range (all groups together): {persons_needed_text(shared.budget.epsilon, SHARED_STAGE_SHARES)}" in text
+    assert "releases need roughly" in text

@@ -309,3 +309,27 @@ def test_a_handed_in_count_is_checked_against_what_the_search_will_spend():
     ok.charge(STAGE_COUNT, Budget(0.03, 0.0))
     rel = person_quantile(ag, "v", QuantilePlan(Budget(1.0)), SeededNoise(2), ok, noisy_count=(5003.0, 0.03))
     assert rel.status == "OK" and sum(c.budget.epsilon for c in ok.charges) == pytest.approx(1.0)
+
+
+def test_persons_needed_matches_the_insufficient_data_rule():
+    """The dry run's size figure (a new user's p90 at epsilon 0.5 on 532 persons was INSUFFICIENT_DATA
+    in every run with no warning beforehand): at 0.6x the figure nothing is released, at 1.5x
+    nearly everything (measured 0 / 60 and 60 / 60 for q = 0.9, epsilon 0.5; the figure 864), and
+    the job's plan states it."""
+    from spark_jobs.config import parse_config
+    from spark_jobs.job import plan_job
+
+    plan = QuantilePlan(Budget(0.5), q=0.9)
+    need = plan.persons_needed()
+    assert 700 <= need <= 1000
+    for factor, lo, hi in ((0.6, 0, 0), (1.5, 18, 20)):
+        n = int(need * factor)
+        released = sum(
+            person_quantile(NumpyAggregates({"v": np.random.default_rng(s).normal(5.0, 1.0, n)}, np.arange(n)), "v",
+                            plan, SeededNoise(s)).status == "OK" for s in range(20))
+        assert lo <= released <= hi, (factor, released)
+    cfg = parse_config({"job_name": "j", "input": {"path": "x.parquet"}, "privacy_unit": {"column": "u"},
+                        "budget": {"epsilon": 0.5, "delta": 1e-6}, "output": {"path": "o"}, "ledger": {"enabled": False},
+                        "statistics": [{"name": "p90", "kind": "quantile", "columns": ["v"], "share": 1.0,
+                                        "options": {"q": 0.9}}]})
+    assert f"releases from about {need:,} persons at this epsilon" in plan_job(cfg).render()
