@@ -75,7 +75,7 @@ def test_p3_job_end_to_end(spark, flights_sample, tmp_path):
                "short_persons", "budget_mode", "stages", "p3_n_mode", "n0", "persons_scored", "persons_scored_cap",
                "noisy_person_count",
                "count_laplace_scale", "grid_resolution", "grid_points", "alpha", "closeness_radius", "eta_priv", "tau_cov",
-               "sandwich_gap_batches", "dummy_batch"}
+               "sandwich_gap_batches", "dummy_batch", "em_score_bound_90_batches", "uninformative"}
     assert set(params) <= allowed, set(params) - allowed
     # the estimate is close to the truth (mean over aircraft with >= M flights of their dest shares)
     d = pdf[pdf.tailnum.notna() & ~pdf.tailnum.isin(["NA", ""])]
