@@ -279,26 +279,27 @@ class Ledger:
                 )
             previous = [r for r in self.rows(table) if r["kind"] == "entry" and r["population"] == population
                         and r["run_id"] == run_id]
-            new_e, new_d = cur.spent_epsilon + request.epsilon, cur.spent_delta + request.delta
-            fits = new_e <= cur.limit_epsilon * (1 + REL_TOL) and new_d <= cur.limit_delta * (1 + REL_TOL)
-            if not fits:  # written so that a NaN anywhere refuses
-                own = [r for r in previous if r["status"] in ("reserved", "abandoned")]
-                mine = (
-                    f"; of the spent, epsilon={sum(r['epsilon'] for r in own):g} is this run id's own "
-                    f"{len(own)} earlier attempt(s) that stopped after reserving (their noise may have been drawn, "
-                    "so their budget stays spent; `person-dp budget show --entries` lists them)"
-                ) if own else ""
-                raise BudgetExceededError(
-                    f"population {population!r} has not enough budget left: limit (epsilon={cur.limit_epsilon:g}, "
-                    f"delta={cur.limit_delta:g}), spent (epsilon={cur.spent_epsilon:g}, delta={cur.spent_delta:g}), "
-                    f"requested (epsilon={request.epsilon:g}, delta={request.delta:g}){mine}"
-                )
             if any(r["status"] == "released" for r in previous):
                 raise RunInProgressError(f"run {run_id} has already released; its stored release is final")
             live = [r for r in previous if r["status"] == "reserved" and not _owner_is_dead(r["owner"])]
             if live:
                 raise RunInProgressError(
                     f"run {run_id} is in progress ({live[0]['owner']}); retry when it has finished or died"
+                )
+            new_e, new_d = cur.spent_epsilon + request.epsilon, cur.spent_delta + request.delta
+            fits = new_e <= cur.limit_epsilon * (1 + REL_TOL) and new_d <= cur.limit_delta * (1 + REL_TOL)
+            if not fits:  # written so that a NaN anywhere refuses
+                own = [r for r in previous if r["status"] == "abandoned"
+                       or (r["status"] == "reserved" and _owner_is_dead(r["owner"]))]
+                mine = (
+                    f"; of the spent, epsilon={sum(r['epsilon'] for r in own):g} and delta={sum(r['delta'] for r in own):g} "
+                    f"are this run id's own {len(own)} earlier attempt(s) that stopped after reserving (their noise may "
+                    "have been drawn, so their budget stays spent; `person-dp budget show --entries` lists them)"
+                ) if own else ""
+                raise BudgetExceededError(
+                    f"population {population!r} has not enough budget left: limit (epsilon={cur.limit_epsilon:g}, "
+                    f"delta={cur.limit_delta:g}), spent (epsilon={cur.spent_epsilon:g}, delta={cur.spent_delta:g}), "
+                    f"requested (epsilon={request.epsilon:g}, delta={request.delta:g}){mine}"
                 )
             attempt = 1 + max((r["attempt"] for r in previous), default=0)
             rows = [

@@ -209,7 +209,6 @@ SCALE_OCTAVES_ABOVE = 2
 #: The scale a zero-atom coordinate takes in the norm profile and the final clip (its deviations count as
 #: ~0 in the norms: the profile, the radius and the clipping are the other coordinates'; it is released at its centre)
 ZERO_ATOM_NORM_SCALE = 1e300
-#: Added to a vector release's text when some coordinates are at the zero floor (public).
 #: The norm profile "measured no tail" when its furthest measured survival is above this share (more
 #: than half the persons beyond everything it measured: the fallback tail is then anchored where
 #: the mass has not begun to fall; seen: survival 1 at every measured edge up to 0.7 scaled units,
@@ -223,6 +222,7 @@ NORM_PROFILE_EMPTY = (
     "clipped to the ball's surface pull every spread down); the estimate is private but has no honest error "
     "bar: more persons or epsilon, or fewer columns at a time"
 )
+#: Added to a vector release's text when some coordinates are at the zero floor (public).
 ZERO_ATOM_OTHERS = ("; it is released at its clipping centre, and the other columns are estimated with it scaled "
                     "out of the clipping, but this release has no bar for any of them: a statistic without it "
                     "gives them bars")

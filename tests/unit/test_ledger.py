@@ -75,7 +75,7 @@ def test_a_retry_refused_for_room_names_its_own_abandoned_attempts(ledger):
     ledger.reserve("pop", "r", "job", Budget(0.6, 0.0))
     _reserved_by(ledger, "r", f"{socket.gethostname()}:999999999")
     before = ledger.rows()
-    with pytest.raises(BudgetExceededError, match=r"epsilon=0\.6 is this run id's own 1 earlier attempt\(s\)"):
+    with pytest.raises(BudgetExceededError, match=r"epsilon=0\.6 and delta=0 are this run id's own 1 earlier attempt\(s\)"):
         ledger.reserve("pop", "r", "job", Budget(0.6, 0.0))
     assert ledger.rows() == before
     with pytest.raises(BudgetExceededError) as other:  # another run id: no such clause
