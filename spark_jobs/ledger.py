@@ -294,7 +294,7 @@ class Ledger:
                 mine = (
                     f"; of the spent, epsilon={sum(r['epsilon'] for r in own):g} and delta={sum(r['delta'] for r in own):g} "
                     f"are this run id's own {len(own)} earlier attempt(s) that stopped after reserving (their noise may "
-                    "have been drawn, so their budget stays spent; `person-dp budget show --entries` lists them)"
+                    f"have been drawn, so their budget stays spent; `person-dp budget show --ledger {self.path} --entries` lists them)"
                 ) if own else ""
                 raise BudgetExceededError(
                     f"population {population!r} has not enough budget left: limit (epsilon={cur.limit_epsilon:g}, "
