@@ -77,14 +77,17 @@ def _print_release(result) -> None:
         coordinate_labels, matrix_bar_lines, matrix_lines, statistic_label)
 
     if result.reused:
-        print(f"\nrun {result.run_id} had already released: the stored release, nothing spent now")
+        print(f"\nrun {result.run_id} had already released; nothing was spent. The stored release:")
     else:
         stats = len({r.statistic for r in result.rows})
         groups = "" if stats == len(result.rows) else f" in {len(result.rows)} row(s) (one per group)"
         print(f"\nrun {result.run_id}: {stats} statistic(s) released to the Delta table{groups}")
     print(f"  {result.table_path}")
-    print(f"  composed cost: epsilon={result.epsilon_spent:.6g}, delta={result.delta_spent:.3g}"
-          " (add/remove one person)\n")
+    if result.reused:  # a new user read "composed cost: epsilon=0" as the stored release's cost
+        print("  nothing spent by this run; each stored row carries the epsilon it was released with\n")
+    else:
+        print(f"  composed cost: epsilon={result.epsilon_spent:.6g}, delta={result.delta_spent:.3g}"
+              " (add/remove one person)\n")
     shown: dict[str, int] = {}
     for r in result.rows:
         shown[r.statistic] = shown.get(r.statistic, 0) + 1
@@ -135,8 +138,6 @@ def cmd_run(args) -> int:
         print(check_output_paths(cfg))
         return 0
     result = run_job(cfg, run_id=args.run_id)
-    if result.reused:
-        print(f"run {result.run_id} had already released; nothing was spent. The stored release:")
     if args.json:
         print(json.dumps([{k: getattr(r, k) for k in ("statistic", "status", "estimate", "error_bar",
                                                         "epsilon", "delta")} for r in result.rows]))
