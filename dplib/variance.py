@@ -62,6 +62,7 @@ from dplib.mean.scale_free_stages import (
     point_tail,
     scale_free_stages,
     strict_tail,
+    unmeasured_share,
     unseen_note,
     unseen_persons,
     zero_atom_reason,
@@ -197,20 +198,13 @@ def moment_weights(radius: float, centre_error: float, second_guess: float) -> t
     return max((2.0 * b) ** (2.0 / 3.0), WEIGHT_FLOOR), max(a ** (2.0 / 3.0), WEIGHT_FLOOR)
 
 
-def profile_atom(profile, epsilon: float) -> float | None:
-    """The distance from the centre of an atom in the deviation profile (:data:`ATOM_DROP`), or
-    None. Post-processing of the DP profile (its measured survival, :func:`measured_survival`)."""
+def profile_reads(profile, epsilon: float) -> tuple[float | None, float]:
+    """``(atom, unmeasured)`` from one read of the deviation profile's measured survival
+    (:func:`measured_survival`): the distance from the centre of an atom (:data:`ATOM_DROP`) or
+    None, and the share of the persons beyond its furthest measured edge
+    (:func:`~dplib.mean.scale_free_stages.unmeasured_share`). Post-processing of the DP profile."""
     xs, ss, _, limit = measured_survival(profile, epsilon, MEASURED_SD, True)
-    if limit > 0:
-        return None
-    return _atom(xs, ss)
-
-
-def profile_unmeasured_share(profile, epsilon: float) -> float:
-    """The share of the persons beyond the profile's furthest measured edge (1 when it measured
-    nothing beyond its first). Post-processing of the DP profile."""
-    xs, ss, _, limit = measured_survival(profile, epsilon, MEASURED_SD, True)
-    return 1.0 if limit > 0 else float(ss[-1])
+    return (None if limit > 0 else _atom(xs, ss)), unmeasured_share(ss, limit)
 
 
 def _atom(xs, ss) -> float | None:
@@ -323,8 +317,7 @@ def person_variance(
         return _insufficient(accountant, start, params)
     model, ce = setup.model, setup.centre_error
     one_sided = bool(setup.one_sided and model.nu < ONE_SIDED_NU_MAX)
-    atom = profile_atom(setup.profile, setup.profile_epsilon)
-    unmeasured = profile_unmeasured_share(setup.profile, setup.profile_epsilon)
+    atom, unmeasured = profile_reads(setup.profile, setup.profile_epsilon)
 
     spent_eps, _ = composed_cost(accountant.charges[start:])
     eps_final = plan.budget.epsilon - spent_eps

@@ -113,8 +113,8 @@ from dplib.mean.scale_free import (
     stage_charger,
     tail_from_profile,
 )
-from dplib.mean.scale_free_stages import (MEASURED_SD, at_zero_floor, bar_bias, tail_flag_reason, unseen_note, unseen_persons,
-                                          zero_atom_reason)
+from dplib.mean.scale_free_stages import (MEASURED_SD, at_zero_floor, bar_bias, tail_flag_reason, unmeasured_share,
+                                          unseen_note, unseen_persons, zero_atom_reason)
 from dplib.mean.scale_free import PROFILE_SUB_EDGES as HALF_OCTAVE
 from dplib.mechanisms import NoiseSource, gaussian_sigma, pure_dp_histogram
 from dplib.seam import Aggregates
@@ -796,7 +796,7 @@ def scale_free_multivariate_mean(
     # whose second moment cannot rest a bar on it; this mean's own bars stayed honest there (numpy,
     # 40 seeds at 300 persons, d = 4, epsilon 1: 13 such runs, coverage 0.99 over all bars).
     _, measured, _, limit = measured_survival(profile, b.epsilon, MEASURED_SD, True)
-    norm_profile_empty = bool(limit > 0 or float(measured[-1]) > UNMEASURED_TAIL_SURVIVAL)
+    norm_profile_empty = unmeasured_share(measured, limit) > UNMEASURED_TAIL_SURVIVAL
     # The radius is chosen on what the profile sees: noisy mass above its highest visible bin,
     # significant at HIDDEN_SD sds (a false alarm in ~2% of runs on light tails), moves the bias
     # bound (and the flag) but not the radius; read as survival it put the radius at the top of

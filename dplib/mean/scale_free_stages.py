@@ -305,6 +305,13 @@ def unseen_persons(profile, epsilon: float) -> float:
     return FLAG_HIDDEN_SD * hidden_mass(profile, epsilon)[1]
 
 
+def unmeasured_share(survival, limit: float) -> float:
+    """The share of the persons beyond a profile's furthest measured edge, from
+    :func:`~dplib.mean.ranges.measured_survival`'s ``survival`` and ``limit`` (1 when nothing was
+    measured beyond its first edge). Post-processing of the DP profile."""
+    return 1.0 if limit > 0 else float(survival[-1])
+
+
 def unseen_note(profile, epsilon: float, n_hat: float, what: str = "means") -> str:
     """The sentence a bar resting on the fitted tail adds (:func:`unseen_persons`)."""
     k = unseen_persons(profile, epsilon)

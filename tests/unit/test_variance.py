@@ -385,10 +385,10 @@ def test_an_atom_or_an_unmeasured_tail_gives_no_bar(monkeypatch):
         assert rel.parameters["profile_atom"] is None and rel.parameters["profile_unmeasured_share"] < var.UNMEASURED_SURVIVAL
         assert rel.error_bar is not None or rel.parameters["tail_one_sided"]
     # each rule alone, on the same Gaussian profile (the reads are post-processing of the profile)
-    monkeypatch.setattr(var, "profile_unmeasured_share", lambda profile, eps: 0.4)
+    monkeypatch.setattr(var, "profile_reads", lambda profile, eps: (None, 0.4))
     rel = person_variance(backend(g), "v", ScaleFreeVariancePlan(BUDGET), SeededNoise(200))
     assert rel.error_bar is None and rel.parameters["tail_flag"] and "about 40% of the persons lie beyond" in rel.error_covers
-    monkeypatch.setattr(var, "profile_atom", lambda profile, eps: 0.25)
+    monkeypatch.setattr(var, "profile_reads", lambda profile, eps: (0.25, 0.0))
     rel = person_variance(backend(g), "v", ScaleFreeVariancePlan(BUDGET), SeededNoise(200))
     assert rel.error_bar is None and "near 0.25 from the centre" in rel.error_covers
     # the atom's read: a drop of half the persons within one octave, to at most a quarter, with persons beyond
