@@ -133,7 +133,7 @@ __all__ = [
 ]
 
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
-ALGORITHM_VERSION = "10"  # 10: no bar (flagged) when the range stays at the zero floor (at_zero_floor: 2,000 persons 97% at 0, epsilon 0.3: bars of 5e-302 against exact means of ~0.02, 2 of 6 unflagged); 9: the small-data radius cap is SMALL_REACH x max(the profile's reach, the centre's bin width) (a profile that sees nothing clipped 100 Gaussian persons at 0.4 sd in 14% of runs); 8: a pooled third range run (pure, 4 octaves per bucket) when the first two release nothing (jtrain firms, 128-155 persons: employ and sales released in 95-100% of runs instead of 0-5%); a first range of only the zero bucket (a zero-inflated column) runs the retry (3 octaves per bucket; wagepan shares of years in a state, 70-82% zeros: |error| 0.07-0.20 -> 0.008-0.03), and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
+ALGORITHM_VERSION = "11"  # 11: a profile that ends sharply (>= 5% of persons beyond its last measured edge, 10x what could hide beyond its visible top) clips at 1.5x its reach (sharp_end): a 0/1 column of 11,423 persons, median error 0.00128 -> 0.00071; 40 other cells unchanged; 10: no bar (flagged) when the range stays at the zero floor (at_zero_floor: 2,000 persons 97% at 0, epsilon 0.3: bars of 5e-302 against exact means of ~0.02, 2 of 6 unflagged); 9: the small-data radius cap is SMALL_REACH x max(the profile's reach, the centre's bin width) (a profile that sees nothing clipped 100 Gaussian persons at 0.4 sd in 14% of runs); 8: a pooled third range run (pure, 4 octaves per bucket) when the first two release nothing (jtrain firms, 128-155 persons: employ and sales released in 95-100% of runs instead of 0-5%); a first range of only the zero bucket (a zero-inflated column) runs the retry (3 octaves per bucket; wagepan shares of years in a state, 70-82% zeros: |error| 0.07-0.20 -> 0.008-0.03), and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
 STAGE_FINE = "fine clip-and-noise"
 STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2, STAGE_CENTRE, STAGE_PROFILE, STAGE_BALANCE, STAGE_FINE)
 #: The radius never exceeds this multiple of how far the profile measures (:func:`measured_reach`).
@@ -145,6 +145,21 @@ STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2, STAGE_CENTRE, STAG
 #: The bias bound at the capped radius still comes from the fitted tail (the bar stays honest
 #: under it).
 RADIUS_REACH = 8.0
+#: A sharp end: the profile's last measured survival is at least SHARP_END_SURVIVAL of the persons,
+#: and those persons are at least SHARP_END_FACTOR times the count that could hide beyond its
+#: highest visible bin (:func:`unseen_persons`), so nearly all of them sit in the next bin and none
+#: is seen beyond: the radius is at most SHARP_END_REACH times how far the profile measures, as for
+#: light symmetric tails (parameter ``sharp_end``). Two atoms (a 0/1 column's person means, many at
+#: 0 and at 1) end that way; the tail model anchored at the last measured edge read them as a
+#: Gaussian tail of their own width and clipped at ~4 widths (STAR ses_free, 11,423 persons,
+#: epsilon 1, numpy 20 seeds: median error 0.00128 -> 0.00071, bars covering 11/13 -> 13/13). On
+#: the 40 other cells measured (the anchors' real columns, wagepan's 0/1 shares at 545 persons,
+#: Gaussian, uniform and Lomax at 1,000 and 10,000 persons) it never fires: identical releases.
+#: Without the unseen-persons factor it fired on small panels whose profile stops early for lack
+#: of persons (wagepan exper 6.5x worse). The bar keeps the conservative model.
+SHARP_END_SURVIVAL = 0.05
+SHARP_END_REACH = 1.5
+SHARP_END_FACTOR = 10.0
 #: Small data (stage 1 needed its retry): the radius balances noise against the bias of the point fit
 #: of the tail (at least SMALL_RADIUS_NU; its one-sd lower bound from a few measured bins is often
 #: near 1 and pushed the radius to its cap: 100 Gaussian persons clipped at 4-13 sd), capped at
@@ -287,6 +302,14 @@ class SharedRange:
     retried: bool
 
 
+def sharp_end(setup) -> bool:
+    """True when the deviation profile ends sharply (SHARP_END_SURVIVAL, SHARP_END_FACTOR; not on
+    small data): post-processing of the DP profile and count."""
+    s_star = float(setup.model.survival[-1])
+    return bool(not setup.small and s_star >= SHARP_END_SURVIVAL
+                and s_star * setup.n_hat >= SHARP_END_FACTOR * unseen_persons(setup.profile, setup.profile_epsilon))
+
+
 def balanced_radius(model, low: float, high: float, n_eps: float, centre_error: float) -> float:
     """Radius minimising ``model.bias(rho) + (rho + w(rho)) / n_eps`` on a log grid in [low, high].
 
@@ -400,6 +423,8 @@ def scale_free_person_mean(
     rho = min(rho, reach)
     if light_symmetric:  # light, two-sided tails: clip where the profile stops measuring, x 1.5
         rho = min(rho, REACH_FACTOR * setup.reach)
+    elif sharp_end(setup):  # two atoms, or a column that stops: nothing seen beyond the next bin
+        rho = min(rho, SHARP_END_REACH * setup.reach)
     # the bound of the bar (bar_tail); not halved for two balanced tails
     # (the clipped excesses of a long and a short tail with equal counts do not offset: flight
     # delays' bars covered 61% of runs with the halving and the one-sd tail)
@@ -447,6 +472,7 @@ def scale_free_person_mean(
             "profile_overflow_share": round(overflow, 4),
             "fine_epsilon": b_fine.epsilon,
             "radius_capped": capped,
+            "sharp_end": sharp_end(setup) and not light_symmetric,
             "tail_balanced": balanced,
             "light_symmetric": light_symmetric,
             "small_data": setup.small,

@@ -3,6 +3,8 @@
 Default: the scale-free estimator (:mod:`dplib.mean.scale_free`; range, centre and clipping
 radius found privately). With ``options.scale``: the paper's estimator with that declared scale
 (:mod:`dplib.mean.univariate`; Agarwal, Kamath, Majid, Mouzakis, Silver, Ullman 2024, Algorithm 1).
+With ``options.bounds``: the person means clamped into declared public bounds, one Laplace stage
+(:mod:`dplib.mean.bounded`; for 0/1 indicators, fixed rating scales, percentages).
 :class:`MeanOptions` is shared with ``kind: multivariate_mean`` (one options model: the config
 hash of existing jobs is unchanged).
 """
@@ -12,8 +14,11 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import field_validator, model_serializer, model_validator
 
+from dplib.mean.bounded import ALGORITHM as BOUNDED_ALGORITHM
+from dplib.mean.bounded import ALGORITHM_VERSION as BOUNDED_VERSION
+from dplib.mean.bounded import BoundedMeanPlan, bounded_person_mean, check_bounds
 from dplib.mean.scale_free import ALGORITHM as SF_ALGORITHM
 from dplib.mean.scale_free import ALGORITHM_VERSION as SF_VERSION
 from dplib.budget import Budget
@@ -54,6 +59,10 @@ class MeanOptions(Frozen):
     degrees of freedom of the tail model beyond what the private deviation profile measures
     (default: no cap; a smaller k gives wider, more robust radii).
 
+    With ``bounds`` (``[lower, upper]``: declared public limits of a person's mean, e.g. ``[0, 1]``
+    for a 0/1 indicator): each person's mean is clamped into them and one Laplace stage spends all
+    of epsilon (``dplib.mean.bounded``); the other options do not apply to it.
+
     ``kind: multivariate_mean`` (``dplib.mean.multivariate``) takes ``k``, ``scales`` (optional
     public per-column scales, a diagonal preconditioner; found privately when absent),
     ``records_iid`` (assert records within a person are i.i.d.: the radii then use
@@ -69,6 +78,21 @@ class MeanOptions(Frozen):
     scales: tuple[float, ...] | None = None
     records_iid: bool = False
     expected_persons: float | None = None
+    bounds: tuple[float, float] | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """``bounds`` is left out of the dump while unset: the config and release hashes of
+        statistics written before it existed stay what they were (their run ids, their ledger)."""
+        d = handler(self)
+        if self.bounds is None:
+            d.pop("bounds", None)
+        return d
+
+    @field_validator("bounds")
+    @classmethod
+    def _bounds(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        return v if v is None else dplib_check(check_bounds, v)
 
     @field_validator("scales")
     @classmethod
@@ -136,6 +160,15 @@ class MeanStatistic(StatisticConfigBase):
                 raise ValueError(f"options.{f} is for kind 'multivariate_mean' (kind 'mean' takes options.scale)")
         if o.records_iid:
             raise ValueError("options.records_iid is for kind 'multivariate_mean'")
+        if o.bounds is not None:
+            other = sorted(f for f in ("scale", "k", "range_bound", "coarse_fraction", "exponent_range")
+                           if f in o.model_fields_set)
+            if other:
+                raise ValueError(
+                    "options.bounds runs the bounded mean (one Laplace stage inside the declared bounds); "
+                    f"options.{', options.'.join(other)} belong to the scale-free or declared-scale estimators: "
+                    "give one or the other"
+                )
         return self
 
 
@@ -156,6 +189,8 @@ class MeanKind(StatisticKind):
 
     def plan(self, stat: MeanStatistic, cfg):
         opts = stat.options
+        if opts.bounds is not None:
+            return BoundedMeanPlan(budget=stat.budget(cfg), lower=opts.bounds[0], upper=opts.bounds[1])
         if opts.scale is None:
             return ScaleFreeMeanPlan(budget=stat.budget(cfg), k=opts.k, exponent_range=opts.exponent_range)
         return UnivariateMeanPlan(
@@ -175,8 +210,8 @@ class MeanKind(StatisticKind):
         then spends the rest / L0 on a noisy count and either its own stages (enough persons x
         epsilon) or a two-step clip around the pooled centre (between its steps, the joint
         within-group profile, :meth:`joint_stages`, also out of the shared share). A declared
-        ``options.scale``: no shared stage."""
-        if stat.options.scale is not None:
+        ``options.scale`` or ``options.bounds``: no shared stage (each group runs its own plan)."""
+        if stat.options.scale is not None or stat.options.bounds is not None:
             return super().grouped_plans(stat, cfg, fraction, l0)
         b = stat.budget(cfg)
         shared = SharedScalePlan(budget=Budget(b.epsilon * fraction * SHARED_SHARE, b.delta * fraction),
@@ -214,6 +249,11 @@ class MeanKind(StatisticKind):
                     f"else a clip-and-noise around the pooled centre and one around the group's rough mean, its "
                     f"radius from a within-group profile shared by those groups when much tighter than the "
                     f"pooled one{cap}")
+        if isinstance(plan, BoundedMeanPlan):
+            return (f"  {name}: declared bounds [{plan.lower:g}, {plan.upper:g}]: each person's mean clamped into "
+                    f"them, one Laplace stage on the centred sum and the count (all of epsilon, every person; "
+                    f"sensitivity {plan.radius:g} + count weight {plan.count_weight:.3g}); persons outside the bounds "
+                    f"count at them")
         if isinstance(plan, UnivariateMeanPlan):
             return (f"  {name}: declared scale {plan.scale:g}: bin width r={plan.bin_width:.4g}, "
                     f"coarse error bound u={plan.coarse_error_bound:.4g}, k={plan.k:g}")
@@ -232,6 +272,9 @@ class MeanKind(StatisticKind):
         elif isinstance(plan, ScaleFreeMeanPlan):
             rel = scale_free_person_mean(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, prefix)
             algorithm, version = SF_ALGORITHM, SF_VERSION
+        elif isinstance(plan, BoundedMeanPlan):
+            rel = bounded_person_mean(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, prefix)
+            algorithm, version = BOUNDED_ALGORITHM, BOUNDED_VERSION
         else:
             rel = univariate_person_mean(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, prefix)
             algorithm, version = ALGORITHM, ALGORITHM_VERSION

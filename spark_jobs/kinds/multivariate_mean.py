@@ -50,7 +50,7 @@ class MultivariateMeanStatistic(StatisticConfigBase):
     def _columns(self) -> "MultivariateMeanStatistic":
         o = self.options
         self.check_distinct_columns()
-        for f in ("scale", "range_bound"):
+        for f in ("scale", "range_bound", "bounds"):
             if getattr(o, f) is not None:
                 raise ValueError(
                     f"options.{f} is for kind 'mean'; kind 'multivariate_mean' takes options.scales "

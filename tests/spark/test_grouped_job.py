@@ -383,3 +383,35 @@ def test_private_selection_releasing_no_key_writes_one_row_through_the_job(spark
     assert len(stored) == 1 and stored[0]["status"] == "INSUFFICIENT_DATA"
     long_rows = spark.read.format("delta").load(str(tmp_path / "out" / "releases_long")).collect()
     assert len(long_rows) == 1 and long_rows[0]["status"] == "INSUFFICIENT_DATA" and long_rows[0]["value"] is None
+
+
+def test_grouped_mean_with_declared_bounds_production_noise(spark, records, tmp_path):
+    """``options.bounds`` in a grouped mean: no shared stage, each group its own one-stage bounded
+    mean (its share of the epsilon over L0), through the production noise source; each group's
+    release within max(0.5, 5 of its 90% bars) of its exact mean (Laplace scale ~0.05 here), its
+    algorithm the bounded mean's."""
+    path, truth, _ = records
+    cfg = parse_config({
+        "job_name": "grouped-bounds",
+        "input": {"path": path, "format": "parquet"},
+        "privacy_unit": {"column": "pid"},
+        "budget": {"epsilon": 3.0, "delta": 1e-6},
+        "statistics": [{"name": "mean_by_origin", "kind": "mean", "columns": ["x"], "share": 1.0,
+                        "group_by": ["origin"], "max_groups_per_person": 3,
+                        "groups": {"keys": [["A"], ["B"], ["C"]]}, "options": {"bounds": [-20.0, 120.0]}}],
+        "output": {"path": str(tmp_path)},
+        "ledger": {"enabled": False},
+    })
+    plan = plan_job(cfg)
+    assert not any("all groups" in c.stage for c in plan.charges)
+    assert any("clip-and-noise (declared bounds)" in c.stage and "per group x L0=3" in c.stage for c in plan.charges)
+    result = run_job(cfg, spark=spark)
+    assert result.epsilon_spent == pytest.approx(plan.cost[0])
+    rows = {r.group_key["origin"]: r for r in result.rows}
+    assert set(rows) == set(truth)
+    for o, (mean, _, _) in truth.items():
+        r = rows[o]
+        assert r.status == "OK" and r.noise_source == SecureNoise.name
+        assert r.algorithm.startswith("bounded person-level mean")
+        assert abs(r.estimate[0] - mean) <= max(0.5, 5.0 * r.error_bar[0]), (o, r.estimate, mean, r.error_bar)
+        assert json.loads(r.parameters)["bounds"] == [-20.0, 120.0]
