@@ -80,8 +80,11 @@ from dplib.mean.scale_free import (
     radius_cap,
     scale_free_person_mean,
 )
-from dplib.mean.ranges import DeviationProfile, confirm_isolated_bins, deviation_profile_from_counts, profile_quantile
+from dplib.mean.ranges import (
+    MEASURED_SD, DeviationProfile, confirm_isolated_bins, deviation_profile_from_counts, measured_survival, profile_quantile,
+)
 from dplib.mean.scale_free_stages import (
+    unmeasured_share,
     persons_needed_text,
     STAGE_RANGE,
     STAGE_RANGE_RETRY,
@@ -173,7 +176,7 @@ OWN_STAGES_N_EPS = 300.0
 #: numbers, 2,000 the same as 1,000; pooled-path cells unchanged.
 SMALL_N_EPS = 1000.0
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free-per-group"
-ALGORITHM_VERSION = "10"  # 10: no bar (flagged) when the shared range stays at the zero floor (at_zero_floor); the pooled path's radii read the group's noisy count as at least one of its Laplace scales (COUNT_FLOOR_SCALES: a count of -61 for 25 persons shrank the radius to the grid floor; Gaussian G = 1e3 median 0.748 -> 0.610, Lomax 1.5 G = 1e3 1.09 -> 0.89); 9: the locating histogram's window is centred on the bin whose 2 LOCATE_WINDOW + 1 neighbours hold the most noisy persons (a lone +7.8-scale noise spike was claimed as a group 4 sd off; 100 seeds: Lomax 1.5 G = 10 coverage 0.38 -> 0.58, Gaussian G = 10 0.048 -> 0.047); the shared stages run a pooled third range run (pure, 4-octave buckets; 30% of the shared share, out of the profile's) when the first two release nothing, and on small data (after the retry) give the within-group profile's share to the pooled profile; the pooled path on small shared data takes its radii from the point fit capped at 2x the larger of the reach and the centre's bin width (as the scale-free mean's small-data path, which own-stages groups on the small path take too): 600 persons on 0..39 in 3 groups at epsilon 1, 40 seeds: INSUFFICIENT_DATA for every group -> all released, |error| median 0.38, bars covering 100% (a clamped mean at the true bounds: 0.16); 1,200 persons at epsilon 0.3 / 0.5: 0.55 / 0.38; 300 at 1: 0.64; benchmarked cells unchanged (their shared range needs no retry); 8: the locating histogram spans the pooled profile's reach (not only the first radius), counts values beyond it in its end bins and claims nothing when its window runs into a held end bin; a group it does not locate clips around the pooled centre at the pooled radius, stays out of the within-group profile, and its bar adds the offset the radius cannot absorb; a group whose noisy persons x the histogram's epsilon are below ln(bins) + LOCATE_PEAK_MARGIN (it could not claim even with all of them in one bin) skips it and gives its share to the fine stage (gaussian G = 1e3: 0.852 -> 0.737); a located group's radius and bar take the within-group tail where heavier than the pooled one, a located group whose fine deviation exceeds u1 plus its noise is flagged (bulk_off_mean), and on a heavy pooled fit the within tail is taken no lighter than the pooled (overlapping Lomax 1.5 groups, 20 seeds: unflagged finite bars missing 100 -> 33, |error| 0.49 -> 0.46; benchmark Lomax G = 10 0.537 -> 0.48); version 8 is all of stop 41's changes (far-apart groups, numpy twin of the Spark test, 4,000 seeds x 10 groups: releases beyond 3 of their bars 7 -> 0, worst 59 -> 1.9 bars; Gaussian G = 10 / 1e3 unchanged); the window grows over bins at 3 noise scales (was 2: three noise bins in a row pulled a rough mean 7 sd off); 7: the shared stages retry a range of only the zero bucket (3-octave buckets) and widen a zero-bucket window to released non-zero buckets (scale-free mean version 8); 6: the locating histogram (light pooled tails); 5: the joint within-group profile (shares 10/15/15/40/20); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
+ALGORITHM_VERSION = "11"  # 11: the pooled path has no bar (flagged) when the pooled profile measured nothing beyond its first edge (pooled_profile_empty; 160 schools by minority status at epsilon 1: bars missing by up to 10x in 5 of 30 releases, all with it); 10: no bar (flagged) when the shared range stays at the zero floor (at_zero_floor); the pooled path's radii read the group's noisy count as at least one of its Laplace scales (COUNT_FLOOR_SCALES: a count of -61 for 25 persons shrank the radius to the grid floor; Gaussian G = 1e3 median 0.748 -> 0.610, Lomax 1.5 G = 1e3 1.09 -> 0.89); 9: the locating histogram's window is centred on the bin whose 2 LOCATE_WINDOW + 1 neighbours hold the most noisy persons (a lone +7.8-scale noise spike was claimed as a group 4 sd off; 100 seeds: Lomax 1.5 G = 10 coverage 0.38 -> 0.58, Gaussian G = 10 0.048 -> 0.047); the shared stages run a pooled third range run (pure, 4-octave buckets; 30% of the shared share, out of the profile's) when the first two release nothing, and on small data (after the retry) give the within-group profile's share to the pooled profile; the pooled path on small shared data takes its radii from the point fit capped at 2x the larger of the reach and the centre's bin width (as the scale-free mean's small-data path, which own-stages groups on the small path take too): 600 persons on 0..39 in 3 groups at epsilon 1, 40 seeds: INSUFFICIENT_DATA for every group -> all released, |error| median 0.38, bars covering 100% (a clamped mean at the true bounds: 0.16); 1,200 persons at epsilon 0.3 / 0.5: 0.55 / 0.38; 300 at 1: 0.64; benchmarked cells unchanged (their shared range needs no retry); 8: the locating histogram spans the pooled profile's reach (not only the first radius), counts values beyond it in its end bins and claims nothing when its window runs into a held end bin; a group it does not locate clips around the pooled centre at the pooled radius, stays out of the within-group profile, and its bar adds the offset the radius cannot absorb; a group whose noisy persons x the histogram's epsilon are below ln(bins) + LOCATE_PEAK_MARGIN (it could not claim even with all of them in one bin) skips it and gives its share to the fine stage (gaussian G = 1e3: 0.852 -> 0.737); a located group's radius and bar take the within-group tail where heavier than the pooled one, a located group whose fine deviation exceeds u1 plus its noise is flagged (bulk_off_mean), and on a heavy pooled fit the within tail is taken no lighter than the pooled (overlapping Lomax 1.5 groups, 20 seeds: unflagged finite bars missing 100 -> 33, |error| 0.49 -> 0.46; benchmark Lomax G = 10 0.537 -> 0.48); version 8 is all of stop 41's changes (far-apart groups, numpy twin of the Spark test, 4,000 seeds x 10 groups: releases beyond 3 of their bars 7 -> 0, worst 59 -> 1.9 bars; Gaussian G = 10 / 1e3 unchanged); the window grows over bins at 3 noise scales (was 2: three noise bins in a row pulled a rough mean 7 sd off); 7: the shared stages retry a range of only the zero bucket (3-octave buckets) and widen a zero-bucket window to released non-zero buckets (scale-free mean version 8); 6: the locating histogram (light pooled tails); 5: the joint within-group profile (shares 10/15/15/40/20); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 #: The pooled path's radii read the group's noisy count as at least this many of its Laplace
 #: scales (1 / the count's epsilon; post-processing of public constants). grouped_anchors, ours
 #: only (100 seeds; G = 1e3 cells 10 seeds of 1,000 groups), floor 0 (before) / 0.5 / 1 / 2 / 4:
@@ -273,6 +276,24 @@ class SharedScalePlan:
         first two range runs released nothing, and then takes its share out of the profile's)."""
         return SHARED_STAGE_SHARES.early_charges(self.budget, prefix, self.group) + [
             Charge(f"{prefix}{STAGE_WITHIN}", Budget(self.budget.epsilon * WITHIN_SHARE, 0.0), self.group)]
+
+
+def pooled_unmeasured_share(s: ScaleFreeSetup) -> float:
+    """The share of the persons beyond the furthest edge the pooled deviation profile measured (1
+    when it measured nothing beyond its first edge): :func:`unmeasured_share` of its measured
+    survival. Post-processing of the shared stages' DP profile."""
+    _, survival, _, limit = measured_survival(s.profile, s.profile_epsilon, MEASURED_SD, True)
+    return unmeasured_share(survival, limit)
+
+
+#: The text of a pooled-path release without a bar because the pooled profile measured nothing
+#: beyond its first edge (``pooled_profile_empty``).
+POOLED_PROFILE_EMPTY = (
+    "nothing: the pooled deviation profile measured none of the persons' spread at this budget (every "
+    "survival count under its detection limit), so the pooled radius is a fallback that may cut most of a "
+    "group's persons, and nothing bounds what that removes; the estimate is private but has no honest error "
+    "bar (more persons or epsilon)"
+)
 
 
 @dataclass(frozen=True)
@@ -727,7 +748,13 @@ def group_person_mean(
         model = bar_models[1]
     bias_bound = max(bounds) + max(offset - rho, 0.0)
     bar = dev_noise + bias_bound
-    half = float(bar) if math.isfinite(bar) and not s.zero_atom else None
+    # the pooled profile measured nothing beyond its first edge (a DP outcome): its tail model is a
+    # fallback and the pooled radius may sit far inside the groups' spread (a new user's 160 schools
+    # grouped by pupils' minority status, epsilon 1: radius 0.56-1.1 against a spread of ~4, bars
+    # missing by up to 10x in 5 of 30 group releases, all with this profile; 5 of the 25 covering
+    # ones had it too)
+    profile_empty = pooled_unmeasured_share(s) >= 1.0
+    half = float(bar) if math.isfinite(bar) and not s.zero_atom and not profile_empty else None
     tail_flag = tail_flag or half is None  # no bar: not a value to read as it stands (as the univariate kinds)
     # a located group's bulk should sit within u1 of its mean (light, two-sided tails: the premise
     # of locating by histogram); a fine-stage deviation beyond u1 plus its own 90% noise says the
@@ -757,6 +784,8 @@ def group_person_mean(
         )
     if s.zero_atom:  # the shared range at the zero floor: a bar of the zero bucket's scale
         covers = "nothing: " + zero_atom_reason([column])
+    elif profile_empty:
+        covers = POOLED_PROFILE_EMPTY
     elif half is None:
         covers = (f"nothing: the {'within-group' if within is not None or within_bar else 'pooled'} deviation "
                   "profile gives no finite bound on the clipping bias")
@@ -783,6 +812,8 @@ def group_person_mean(
         "within_group_profile": within is not None,
         "pooled_radius": pooled_rho,
         "locating_histogram": locate,
+        "pooled_unmeasured_share": round(pooled_unmeasured_share(s), 4),
+        "pooled_profile_empty": profile_empty,
     })
     return MeanRelease(STATUS_OK, float(fine.estimate), half, ERROR_LEVEL, covers, fine.scale, eps, delta, params)
 
