@@ -122,7 +122,7 @@ from dplib.mechanisms import NoiseSource, gaussian_sigma, pure_dp_histogram
 from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-multivariate-person-mean/scale-free"
-ALGORITHM_VERSION = "9"  # 9: a coordinate scale is at least its upper quantiles' (0.75, 0.9) normal-equivalent over 2, read from a profile the noise floor leaves >75% of (quantile_scale_floor): a 0/1 indicator's scale was its near atom's distance (0.09 against an sd of 0.47) and the covariance of two test scores beside it came out >50% off in 14 of 40 releases on 11,423 persons, unflagged -> 0; a lost range at the zero bucket says so; 8: a coordinate whose range stays at the zero bucket (at_zero_floor) leaves the norm profile (the radius no longer 130-190 on a 94%-zero column: the other coordinates up to 1.7 sd -> at most 0.66 sd off (median 0.045) on 2,000 persons) and the release has no bar, flagged (the bar was the zero bucket's scale, ~1e-12, against an exact mean of 0.03); 7: a coordinate whose first range is the zero bucket alone retries (keeping it if the retry releases nothing), and goes on to the second and joint retries while still at the zero bucket (the clipped covariance on RandHIE: 7 of 20 runs released -> 20 of 20): RandHIE d = 4 released 10/20 -> 20/20 runs, a 93%-zero coordinate at 20,000 persons 100% -> 1.2% off; 6: the joint-norm range retry, its shared scale, the scale cap, the lost-range stop; 5: pure-DP range retries over public two-octave buckets (0.10 / 0.15); 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
+ALGORITHM_VERSION = "9"  # 9: a coordinate scale is at least its upper quantiles' (0.75, 0.9) normal-equivalent over 2, read from a profile the noise floor leaves >75% of (quantile_scale_floor): a 0/1 indicator's scale was its near atom's distance (0.09 against an sd of 0.47) and the covariance of two test scores beside it came out >50% off in 14 of 40 releases on 11,423 persons, unflagged -> 0; a lost range at the zero bucket says so; a release whose norm profile measured nothing is flagged uninformative (PSID d = 4 at epsilon 0.3: 40 of 40, 16-300 sds off, unflagged); 8: a coordinate whose range stays at the zero bucket (at_zero_floor) leaves the norm profile (the radius no longer 130-190 on a 94%-zero column: the other coordinates up to 1.7 sd -> at most 0.66 sd off (median 0.045) on 2,000 persons) and the release has no bar, flagged (the bar was the zero bucket's scale, ~1e-12, against an exact mean of 0.03); 7: a coordinate whose first range is the zero bucket alone retries (keeping it if the retry releases nothing), and goes on to the second and joint retries while still at the zero bucket (the clipped covariance on RandHIE: 7 of 20 runs released -> 20 of 20): RandHIE d = 4 released 10/20 -> 20/20 runs, a 93%-zero coordinate at 20,000 persons 100% -> 1.2% off; 6: the joint-norm range retry, its shared scale, the scale cap, the lost-range stop; 5: pure-DP range retries over public two-octave buckets (0.10 / 0.15); 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
 
 STAGE_RANGES = "coordinate ranges"
 STAGE_RANGES_RETRY = "coordinate ranges (retry)"
@@ -923,6 +923,11 @@ def scale_free_multivariate_mean(
             "noise_sd": [float(x) for x in fin.sigma / fin.denom * scales],
             "unseen_persons": round(unseen_persons(profile, b.epsilon), 1),
             "norm_profile_empty": norm_profile_empty,
+            # flagged: when the norm profile measured nothing the centre and scales rested on too
+            # few persons for this epsilon (a new user's PSID d = 4 at epsilon 0.3: all 40 seeded
+            # runs, estimates 16-300 sds off under bars 40-2,000 sds wide, status OK, unflagged;
+            # Gaussian d = 4, 300 persons, epsilon 1: 7 of 20 runs, 6 of them 10-40 sds off)
+            "uninformative": norm_profile_empty,
         }
     )
     if zero_atoms:
@@ -943,6 +948,10 @@ def scale_free_multivariate_mean(
                 f"{tail_flag_reason(model.nu, overflow, 'norm histogram')}); the bias bound "
                 "assumes that tail continues as fitted, which the data may break"
             )
+    if norm_profile_empty and error_bar is not None:
+        covers += ("; WARNING (uninformative): the norm profile measured none of the persons' spread at this "
+                   "budget: the centre and scales rest on too few persons, and the estimate may be many standard "
+                   "deviations off (its bar is as wide): more persons or epsilon, or fewer columns at a time")
     noise_sd = fin.sigma / fin.denom * scales
     return VectorMeanRelease(STATUS_OK, fin.center, error_bar, ERROR_LEVEL, covers, noise_sd, eps, delta, params,
                              norm_model)

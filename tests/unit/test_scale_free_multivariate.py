@@ -910,3 +910,23 @@ def test_vector_bars_state_how_many_far_persons_they_could_miss():
     cov = clipped_covariance(_backend(y), _cols(3), ClippedCovariancePlan(Budget(1.0, DELTA), 3), SeededNoise(2))
     assert cov.parameters["unseen_persons"] > 0
     assert f"up to ~{cov.parameters['unseen_persons']:.0f} persons" in cov.error_covers
+
+
+def test_a_release_whose_norm_profile_measured_nothing_is_flagged_uninformative():
+    """Gaussian person means, d = 4, 300 persons, epsilon 1 (20 seeds): 7 releases had a norm
+    profile that measured none of the tail, 6 of them 10-40 sds off, status OK and unflagged (their
+    bars as wide); they are now flagged ``uninformative`` with a warning, the others not."""
+    empty = 0
+    for s in range(20):
+        rng = np.random.default_rng([300, s, 4])
+        y = 5.0 + rng.standard_normal((300, 4))
+        rel = scale_free_multivariate_mean(_backend(y, s), _cols(4), ScaleFreeMultivariatePlan(Budget(1.0, DELTA), 4),
+                                           SeededNoise(s))
+        if rel.status != STATUS_OK:
+            continue
+        p = rel.parameters
+        assert p["uninformative"] is p["norm_profile_empty"]
+        if p["norm_profile_empty"]:
+            empty += 1
+            assert rel.error_bar is None or "WARNING (uninformative)" in rel.error_covers
+    assert empty >= 3
