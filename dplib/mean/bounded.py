@@ -15,7 +15,9 @@ releases at ~0 with no bar where 44-89% of persons are 0.
 
 Privacy: epsilon-DP (delta unused) under add/remove of one person with all their records: the
 clamped centred sum moves by at most ``(upper - lower) / 2`` and the weighted count by ``w``
-(l1 sensitivity ``(upper - lower) / 2 + w``, inflated by the float-rounding margin), both public.
+(l1 sensitivity ``(upper - lower) / 2 + w``, inflated by the float-rounding margin), both public;
+that holds for widths of at least MIN_WIDTH (the fixed-point sum's unit must be a normal double),
+which :func:`check_bounds` enforces.
 The bounds come from the config, never from the data. ``docs/privacy/person_level_mean.md``.
 """
 
@@ -29,14 +31,22 @@ from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.error_bars import ERROR_LEVEL, noise_and_sampling_quantile
 from dplib.mean.univariate import STATUS_OK, MeanRelease, centred_clip_and_noise, count_weight
-from dplib.mechanisms import NoiseSource
+from dplib.mechanisms import NoiseSource, inflate
 from dplib.seam import Aggregates
 
 ALGORITHM = "bounded person-level mean (declared public bounds; Laplace on the centred clamped sum and the count)"
 ALGORITHM_VERSION = "1"
 STAGE_FINE = "clip-and-noise (declared bounds)"
-#: Widest bounds accepted (their half-width is a sensitivity: it must stay finite in float sums).
-MAX_WIDTH = 1e300
+#: Bounds must lie within +-MAX_ABS_BOUND: person means are clamped to about +-3.17e29 in the
+#: summary (:data:`dplib.summary.CLAMP`), so wider bounds mean nothing and only move the centre.
+MAX_ABS_BOUND = 1e29
+#: Narrowest bounds accepted: the backends turn their fixed-point sum back into data units with
+#: the factor radius / 2^30, which must stay a normal double, else one person could move the sum by
+#: up to ~2x the radius (a privacy review: bounds [0, 5.3e-315] gave 1.6x the declared epsilon).
+MIN_WIDTH = 1e-290
+#: The Laplace scale (radius + count weight) / epsilon must stay below this: beyond it the
+#: mechanism or the bar fails after the charge (epsilon 1e-8 on bounds of width 1e29).
+MAX_NOISE_SCALE = 1e250
 
 
 def check_bounds(bounds) -> tuple[float, float]:
@@ -50,8 +60,12 @@ def check_bounds(bounds) -> tuple[float, float]:
         raise InvalidParameterError(f"bounds must be finite, got [{lower!r}, {upper!r}]")
     if not lower < upper:
         raise InvalidParameterError(f"bounds need lower < upper, got [{lower!r}, {upper!r}]")
-    if not (upper - lower) <= MAX_WIDTH:
-        raise InvalidParameterError(f"bounds wider than {MAX_WIDTH:g} (got [{lower!r}, {upper!r}])")
+    if max(abs(lower), abs(upper)) > MAX_ABS_BOUND:
+        raise InvalidParameterError(
+            f"bounds must lie within +-{MAX_ABS_BOUND:g} (person means are clamped near +-3.2e29), got "
+            f"[{lower!r}, {upper!r}]")
+    if not (upper - lower) >= MIN_WIDTH:
+        raise InvalidParameterError(f"bounds narrower than {MIN_WIDTH:g} (got [{lower!r}, {upper!r}]): rescale the column")
     return lower, upper
 
 
@@ -80,6 +94,10 @@ class BoundedMeanPlan:
         object.__setattr__(self, "upper", upper)
         if not (math.isfinite(self.budget.epsilon) and self.budget.epsilon > 0):
             raise InvalidParameterError(f"epsilon must be finite and > 0, got {self.budget.epsilon!r}")
+        if not inflate(self.radius + self.count_weight) / self.budget.epsilon <= MAX_NOISE_SCALE:
+            raise InvalidParameterError(
+                f"bounds [{self.lower:g}, {self.upper:g}] at epsilon {self.budget.epsilon:g} give a Laplace scale above "
+                f"{MAX_NOISE_SCALE:g}: narrower bounds or a larger epsilon")
 
     @property
     def center(self) -> float:
