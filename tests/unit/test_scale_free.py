@@ -1050,3 +1050,46 @@ def test_a_sharp_end_needs_far_more_persons_than_could_hide(monkeypatch):
             rel = scale_free_person_mean(be, "v", ScaleFreeMeanPlan(budget=Budget(1.0, 1e-6)), SeededNoise(s))
             fired += rel.parameters["sharp_end"]
         assert expect(fired), (factor, fired)
+
+
+def _married(seed: int) -> np.ndarray:
+    """595 persons' shares of 7 years married, drawn from a new user's PSID panel's counts (455 at 1,
+    90 at 0, the rest in sevenths)."""
+    counts = np.array([90, 4, 8, 5, 7, 12, 14, 455])
+    return np.random.default_rng([595, seed]).choice(np.arange(8) / 7.0, 595, p=counts / counts.sum())
+
+
+def test_a_release_with_over_a_third_of_its_persons_possibly_unseen_is_flagged(monkeypatch):
+    """The married shape at epsilon 0.3: the persons at 0 (15%) go unseen by the profile and the
+    release is biased toward 1; on the real panel 9 of 30 bars missed, all unflagged. With
+    ``unseen_flag`` (over 33% of the DP count could sit unseen beyond the profile) every miss is
+    flagged; without it (the power check) some miss unflagged. At 4,000 Gaussian persons, epsilon 1,
+    it never fires (shares ~0.03)."""
+    import dplib.mean.scale_free as sf
+
+    def misses(seeds):
+        unflagged = flagged_misses = 0
+        for s in range(seeds):
+            y = _married(s)
+            be = NumpyAggregates({"v": y}, np.random.default_rng([s, 7]).integers(0, 2**32, y.size))
+            rel = scale_free_person_mean(be, "v", ScaleFreeMeanPlan(budget=Budget(0.3, 1e-6)), SeededNoise(s))
+            if rel.status != STATUS_OK or rel.error_bar is None:
+                continue
+            if abs(rel.estimate - y.mean()) > rel.error_bar:
+                if rel.parameters["tail_flag"]:
+                    flagged_misses += 1
+                else:
+                    unflagged += 1
+                    assert not rel.parameters["unseen_flag"]
+        return unflagged, flagged_misses
+
+    unflagged, flagged = misses(30)
+    assert unflagged == 0 and flagged >= 3
+    monkeypatch.setattr(sf, "UNSEEN_FLAG_SHARE", math.inf)
+    assert misses(30)[0] >= 3
+    monkeypatch.undo()
+    for s in range(5):
+        y = np.random.default_rng([s, 4000]).normal(5.0, 1.0, 4_000)
+        be = NumpyAggregates({"v": y}, np.random.default_rng([s, 7]).integers(0, 2**32, y.size))
+        rel = scale_free_person_mean(be, "v", ScaleFreeMeanPlan(budget=Budget(1.0, 1e-6)), SeededNoise(s))
+        assert rel.parameters["unseen_flag"] is False
