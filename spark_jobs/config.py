@@ -248,7 +248,8 @@ class JobConfig(Frozen):
         total = math.fsum(s.share for s in self.statistics)
         if total > 1.0 + 1e-12:
             raise ValueError(
-                f"statistics shares sum to {total:.6g}, more than the whole budget (1.0)"
+                f"statistics shares sum to {total:.9g}, more than the whole budget (1.0): round the shares "
+                "down (e.g. 0.058823 for 1/17), or leave part of a share unspent"
             )
         if self.ledger.enabled and not self.ledger.population:
             raise ValueError(

@@ -5,7 +5,8 @@ person's mean is their share of records with it), a rating on a fixed scale, a p
 person's mean of their records is clamped into ``[lower, upper]``; the centred sum of the clamped
 means about the midpoint and a weighted person count are released with Laplace noise under all of
 epsilon; the estimate is the midpoint plus the noisy sum over the noisy count. One stage, every
-person, every record of each person (no record cap: a person's records are averaged first).
+person, every record of each person (no record cap of its own: a person's records are averaged
+first; a job's ``summary.max_records_per_person`` still applies, as to every statistic).
 
 Why: the scale-free estimator (:mod:`dplib.mean.scale_free`) finds its range, centre and radius
 privately and reads a power-law tail off a deviation profile; on two atoms (the person means of
@@ -183,7 +184,8 @@ def bounded_person_mean(
     # the estimate stays inside the bounds (post-processing): noise past them is no information
     estimate = min(max(fine.estimate, plan.lower), plan.upper)
     eps, delta = composed_cost(accountant.charges[start:])
-    params.update({"noisy_person_count": round(fine.n_noisy, 1), "person_count_noise_scale": fine.scale / w})
+    params.update({"noisy_person_count": round(fine.n_noisy, 1), "person_count_noise_scale": fine.scale / w,
+                   "tail_flag": False})  # no tail assumption: the bounds are declared
     return MeanRelease(
         status=STATUS_OK,
         estimate=float(estimate),

@@ -182,6 +182,8 @@ class StatisticConfigBase(Frozen):
                 k for m in _kind_models(StatisticConfigBase)
                 if key in m.model_fields["options"].annotation.model_fields
                 for k in typing.get_args(m.model_fields["kind"].annotation)
+                # an options model shared by kinds names, in ONLY_FOR, the kinds an option is for
+                if k in getattr(m.model_fields["options"].annotation, "ONLY_FOR", {}).get(key, (k,))
             })
             if owners:
                 kind = data.get("kind")

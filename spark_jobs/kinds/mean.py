@@ -12,7 +12,7 @@ hash of existing jobs is unchanged).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import field_validator, model_serializer, model_validator
 
@@ -42,6 +42,8 @@ from spark_jobs.kinds.base import (
 )
 
 ESTIMAND_MEAN = "mean over persons of each person's mean of {col} (persons weighted equally)"
+ESTIMAND_BOUNDED = ("mean over persons of each person's mean of {col} clamped into the declared bounds "
+                    "[{lo:g}, {hi:g}] (persons weighted equally)")
 
 
 class MeanOptions(Frozen):
@@ -70,6 +72,13 @@ class MeanOptions(Frozen):
     (optional public number of persons; else a DP count on 2% of the persons).
     """
 
+    #: the kinds each option of this shared model is for (error messages of other kinds)
+    ONLY_FOR: ClassVar[dict[str, tuple[str, ...]]] = {
+        "bounds": ("mean",), "scale": ("mean",), "range_bound": ("mean",), "coarse_fraction": ("mean",),
+        "scales": ("multivariate_mean",), "records_iid": ("multivariate_mean",),
+        "expected_persons": ("multivariate_mean",),
+    }
+
     scale: float | None = None
     k: float | None = None
     range_bound: float | None = None
@@ -88,6 +97,17 @@ class MeanOptions(Frozen):
         if self.bounds is None:
             d.pop("bounds", None)
         return d
+
+    @field_validator("bounds", mode="before")
+    @classmethod
+    def _bounds_shape(cls, v):
+        """Two numbers, ``[lower, upper]``: not strings, booleans, a mapping or one pair per column."""
+        if v is None:
+            return v
+        if not (isinstance(v, (list, tuple)) and len(v) == 2
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)):
+            raise ValueError(f"must be two numbers [lower, upper] (kind 'mean', one column), got {v!r}")
+        return v
 
     @field_validator("bounds")
     @classmethod
@@ -274,7 +294,9 @@ class MeanKind(StatisticKind):
             algorithm, version = SF_ALGORITHM, SF_VERSION
         elif isinstance(plan, BoundedMeanPlan):
             rel = bounded_person_mean(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, prefix)
-            algorithm, version = BOUNDED_ALGORITHM, BOUNDED_VERSION
+            return Release.of(rel, estimand=ESTIMAND_BOUNDED.format(col=column, lo=plan.lower, hi=plan.upper),
+                              algorithm=BOUNDED_ALGORITHM, algorithm_version=BOUNDED_VERSION, estimate_shape=[1],
+                              parameters=ctx.summary_extras())
         else:
             rel = univariate_person_mean(ctx.aggregates, column, plan, ctx.noise, ctx.accountant, prefix)
             algorithm, version = ALGORITHM, ALGORITHM_VERSION

@@ -415,3 +415,4 @@ def test_grouped_mean_with_declared_bounds_production_noise(spark, records, tmp_
         assert r.algorithm.startswith("bounded person-level mean")
         assert abs(r.estimate[0] - mean) <= max(0.5, 5.0 * r.error_bar[0]), (o, r.estimate, mean, r.error_bar)
         assert json.loads(r.parameters)["bounds"] == [-20.0, 120.0]
+        assert "clamped into the declared bounds [-20, 120]" in r.estimand and r.flagged is False

@@ -170,6 +170,13 @@ def test_config_takes_bounds_and_refuses_them_beside_other_estimators_options():
             parse_config(_cfg(bad))
     with pytest.raises((ValidationError, ValueError, ConfigError), match="options.bounds is for kind 'mean'"):
         parse_config(_cfg({"bounds": [0, 1]}, kind="multivariate_mean", columns=("v", "w")))
+    # a new user's mistakes: YAML booleans and strings were read as [0, 1]; per-column pairs and a
+    # mapping got pydantic's bare type errors; other kinds named 'multivariate_mean' as the owner
+    for bad in ([False, True], ["0", "1"], [[0, 1], [0, 1]], {"lower": 0, "upper": 1}, "0,1"):
+        with pytest.raises(ConfigError, match=r"must be two numbers \[lower, upper\]"):
+            parse_config(_cfg({"bounds": bad}))
+    with pytest.raises(ConfigError, match=r"options.bounds is not an option of kind 'variance' \(it is for kind 'mean'\)"):
+        parse_config(_cfg({"bounds": [0, 1]}, kind="variance"))
 
 
 def test_an_unset_bounds_leaves_the_config_dump_and_its_hashes_as_before():

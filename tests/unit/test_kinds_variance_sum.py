@@ -58,7 +58,7 @@ def test_pure_dp_is_allowed():
     ({"kind": "variance", "columns": ["x", "y"]}, "kind 'variance' takes exactly one column"),
     ({"kind": "sum", "columns": ["x", "y"]}, "kind 'sum' takes exactly one column"),
     ({"kind": "stddev", "columns": ["x"], "options": {"scale": 2.0}},
-     "options.scale is not an option of kind 'stddev' (it is for kind 'mean' / 'multivariate_mean')"),
+     "options.scale is not an option of kind 'stddev' (it is for kind 'mean')"),
     ({"kind": "sum", "columns": ["x"], "options": {"q": 0.5}}, "options.q is not an option of kind 'sum'"),
     ({"kind": "variance", "columns": ["x"], "options": {"k": 1.5}}, "statistics.0.options.k: moment order k must be >= 2"),
     ({"kind": "sum", "columns": ["x"], "options": {"exponent_range": [5, 2]}}, "statistics.0.options.exponent_range"),
