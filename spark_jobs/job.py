@@ -176,6 +176,18 @@ def released_run_ids(table_path: str, job_name: str) -> set[str]:
         return set()
 
 
+def capped_estimand_note(cfg: JobConfig, stat: StatisticConfigBase) -> str:
+    """What a record cap does to a statistic's estimand (public: the config): the statistics that read
+    the shared per-person summary are over at most ``summary.max_records_per_person`` records of each
+    person (a salted uniform draw), and their bars do not cover what the cap changes; "" without a cap
+    or for a statistic that draws its own records."""
+    cap = cfg.summary.max_records_per_person
+    if cap is None or not kind_of(stat).value_columns(stat):
+        return ""
+    return (f"; each person's records capped at {cap} (summary.max_records_per_person, a salted uniform draw): "
+            "the statistic of the kept records")
+
+
 def release_row(cfg: JobConfig, stat: StatisticConfigBase, rel: Release, *, run_id: str, lineage, created,
                 noise: NoiseSource, run_key: str | None = None, group_key: dict[str, str] | None = None,
                 config_hash: str | None = None) -> ReleaseRow:
@@ -196,7 +208,7 @@ def release_row(cfg: JobConfig, stat: StatisticConfigBase, rel: Release, *, run_
         statistic=stat.name,
         kind=stat.kind,
         columns=list(stat.columns),
-        estimand=rel.estimand,
+        estimand=rel.estimand + capped_estimand_note(cfg, stat),
         algorithm=rel.algorithm,
         algorithm_version=rel.algorithm_version,
         status=rel.status,
