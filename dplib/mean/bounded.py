@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
-from dplib.mean.error_bars import ERROR_LEVEL, noise_and_sampling_quantile
+from dplib.mean.error_bars import ERROR_LEVEL
 from dplib.mean.univariate import STATUS_OK, MeanRelease, centred_clip_and_noise, count_weight
 from dplib.mechanisms import NoiseSource, inflate
 from dplib.seam import Aggregates
@@ -179,8 +179,7 @@ def bounded_person_mean(
     c, rho, w = plan.center, plan.radius, plan.count_weight
     accountant.charge(fine_charge.stage, fine_charge.budget, fine_charge.group)
     fine = centred_clip_and_noise(backend, column, c, rho, w, plan.group, plan.budget.epsilon, noise)
-    half = noise_and_sampling_quantile(fine.scale / fine.denom, (abs(fine.deviation) / w) * (fine.scale / fine.denom),
-                                       0.0, ERROR_LEVEL)
+    half = fine.noise_quantile(w)
     # the estimate stays inside the bounds (post-processing): noise past them is no information
     estimate = min(max(fine.estimate, plan.lower), plan.upper)
     eps, delta = composed_cost(accountant.charges[start:])

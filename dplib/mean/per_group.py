@@ -68,7 +68,6 @@ from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.grouped import GroupedAggregates
 from dplib.groups import ALL_PERSONS, GroupRange
-from dplib.mean.error_bars import noise_and_sampling_quantile
 from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import DEFAULT_EXPONENT_RANGE, MagnitudeRange, check_exponent_range
 from dplib.mean.scale_free import (
@@ -685,8 +684,7 @@ def group_person_mean(
         accountant.charge(f"{stage_prefix}{STAGE_RECENTRE}", b_a, plan.group)
         first = centred_clip_and_noise(backend, column, s.center, rho_a, rho_a, plan.group, b_a.epsilon, noise)
         # a 90% bound on |m1 - (the group's clipped mean)|: its Laplace noise with the offset as d
-        u1 = float(noise_and_sampling_quantile(first.scale / first.denom,
-                                               (abs(first.deviation) / rho_a) * (first.scale / first.denom), 0.0))
+        u1 = first.noise_quantile(rho_a)
         centre = first.estimate
     eps_b = eps_rest if skip else eps_rest - b_a.epsilon
     # (ii) its radius from the pooled profile (the spread between groups plus within them), or from
@@ -732,7 +730,7 @@ def group_person_mean(
     # the bar's bias bound: the model's tail (bar_tail) at the radius less the re-centring error
     # and the measured offset (the within profile was read around m1, but one group's m1 may sit
     # further from its mean than the typical group's)
-    dev_noise = noise_and_sampling_quantile(fine.scale / fine.denom, (abs(fine.deviation) / c) * (fine.scale / fine.denom), 0.0)
+    dev_noise = fine.noise_quantile(c)
     if locate and not params["located"]:
         # clipped around c0: the group's offset from it is what the fine stage measured (its
         # deviation, plus its noise); at the radius it may sit anywhere beyond, up to the span
@@ -753,7 +751,8 @@ def group_person_mean(
     # grouped by pupils' minority status, epsilon 1: radius 0.56-1.1 against a spread of ~4, bars
     # missing by up to 10x in 5 of 30 group releases, all with this profile; 5 of the 25 covering
     # ones had it too)
-    profile_empty = pooled_unmeasured_share(s) >= 1.0
+    unmeasured = pooled_unmeasured_share(s)
+    profile_empty = unmeasured >= 1.0
     half = float(bar) if math.isfinite(bar) and not s.zero_atom and not profile_empty else None
     tail_flag = tail_flag or half is None  # no bar: not a value to read as it stands (as the univariate kinds)
     # a located group's bulk should sit within u1 of its mean (light, two-sided tails: the premise
@@ -812,7 +811,7 @@ def group_person_mean(
         "within_group_profile": within is not None,
         "pooled_radius": pooled_rho,
         "locating_histogram": locate,
-        "pooled_unmeasured_share": round(pooled_unmeasured_share(s), 4),
+        "pooled_unmeasured_share": round(unmeasured, 4),
         "pooled_profile_empty": profile_empty,
     })
     return MeanRelease(STATUS_OK, float(fine.estimate), half, ERROR_LEVEL, covers, fine.scale, eps, delta, params)

@@ -67,7 +67,6 @@ import numpy as np
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
-from dplib.mean.error_bars import noise_and_sampling_quantile
 from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import (
     DEFAULT_EXPONENT_RANGE, MagnitudeRange, check_exponent_range, check_octaves, check_range_quantile,
@@ -429,9 +428,10 @@ def scale_free_person_mean(
     reach = radius_cap(setup)
     capped = rho > reach
     rho = min(rho, reach)
+    ended = sharp_end(setup) and not light_symmetric
     if light_symmetric:  # light, two-sided tails: clip where the profile stops measuring, x 1.5
         rho = min(rho, REACH_FACTOR * setup.reach)
-    elif sharp_end(setup):  # two atoms, or a column that stops: nothing seen beyond the next bin
+    elif ended:  # two atoms, or a column that stops: nothing seen beyond the next bin
         rho = min(rho, SHARP_END_REACH * setup.reach)
     # the bound of the bar (bar_tail); not halved for two balanced tails
     # (the clipped excesses of a long and a short tail with equal counts do not offset: flight
@@ -440,10 +440,10 @@ def scale_free_person_mean(
     b_fine = charge(STAGE_FINE, eps_fine)
     c = count_weight(rho, min(centre_error, rho))
     fine = centred_clip_and_noise(backend, column, center, rho, c, group, b_fine.epsilon, noise)
-    n_noisy, denom, deviation, estimate, scale = fine.n_noisy, fine.denom, fine.deviation, fine.estimate, fine.scale
+    n_noisy, estimate, scale = fine.n_noisy, fine.estimate, fine.scale
 
     # error bar: (e_S - d e_N)/N~ + clipping-bias bound (order of products: no overflow near 1e300)
-    bar = noise_and_sampling_quantile(scale / denom, (abs(deviation) / c) * (scale / denom), 0.0) + bias_bound
+    bar = fine.noise_quantile(c) + bias_bound
     half = bar if math.isfinite(bar) and not setup.zero_atom else None
     covers = (
         "the exact dataset statistic, at 90%: Laplace noise of the fine stage (sum and count) and a "
@@ -462,7 +462,8 @@ def scale_free_person_mean(
         covers += unseen_note(setup.profile, setup.profile_epsilon, setup.n_hat)
     # up to that many persons unseen: over UNSEEN_FLAG_SHARE of the DP count, the bar's assumption
     # (no such group) carries too much to read the bar as it stands (post-processing)
-    unseen_flag = unseen_persons(setup.profile, setup.profile_epsilon) > UNSEEN_FLAG_SHARE * max(n_noisy, setup.n_hat, 1.0)
+    unseen = unseen_persons(setup.profile, setup.profile_epsilon)
+    unseen_flag = unseen > UNSEEN_FLAG_SHARE * max(n_noisy, setup.n_hat, 1.0)
     if half is not None and tail_flag:
         covers += (
             "; WARNING (tail_flag): the persons' means look heavy-tailed ("
@@ -488,13 +489,13 @@ def scale_free_person_mean(
             "profile_overflow_share": round(overflow, 4),
             "fine_epsilon": b_fine.epsilon,
             "radius_capped": capped,
-            "sharp_end": sharp_end(setup) and not light_symmetric,
+            "sharp_end": ended,
             "unseen_flag": unseen_flag,
             "tail_balanced": balanced,
             "light_symmetric": light_symmetric,
             "small_data": setup.small,
             "tail_one_sided": setup.one_sided,
-            "unseen_persons": round(unseen_persons(setup.profile, setup.profile_epsilon), 1),
+            "unseen_persons": round(unseen, 1),
         }
     )
     return MeanRelease(

@@ -265,6 +265,13 @@ class FineRelease:
     denom: float  # max(N~, 1)
     scale: float  # Laplace scale of the sum, data units
 
+    def noise_quantile(self, count_weight_: float, level: float = ERROR_LEVEL) -> float:
+        """The ``level`` quantile of ``|(e_S - d e_N) / N~|``, the release's Laplace noise on the
+        deviation (``e_S`` of scale ``scale``, ``e_N`` of ``scale / count_weight_``, the released
+        deviation as ``d``): :func:`noise_and_sampling_quantile`. Post-processing only."""
+        a = self.scale / self.denom
+        return float(noise_and_sampling_quantile(a, (abs(self.deviation) / count_weight_) * a, 0.0, level))
+
 
 def centred_clip_and_noise(
     backend: Aggregates,
@@ -414,10 +421,10 @@ def univariate_person_mean(
 
     accountant.charge(fine_charge.stage, fine_charge.budget, fine_charge.group)
     fine = centred_clip_and_noise(backend, column, mu_c, rho, c, plan.fine_group, fine_eps, noise)
-    n_noisy, denom, deviation, estimate, scale = fine.n_noisy, fine.denom, fine.deviation, fine.estimate, fine.scale
+    n_noisy, estimate, scale = fine.n_noisy, fine.estimate, fine.scale
     # Noise-only error: (e_S - d * e_N) / N~ with e_S ~ Lap(scale), e_N ~ Lap(scale / c), and the
     # released deviation d as plug-in for the true clipped deviation (post-processing).
-    half = noise_and_sampling_quantile(scale / denom, (abs(deviation) / c) * (scale / denom), 0.0, ERROR_LEVEL)
+    half = fine.noise_quantile(c)
     eps, delta = composed_cost(accountant.charges[start:])
     params.update(
         {
