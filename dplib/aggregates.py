@@ -302,6 +302,14 @@ class NumpyAggregates:
         for c in columns:
             self._column(c)
 
+    def complete_cases(self, columns: Sequence[str]) -> "NumpyAggregates":
+        """The same persons restricted to those with a value (not NaN) of every one of
+        ``columns``: every question to the view is about those persons only (a function of each
+        person's own summary)."""
+        mat = np.column_stack([self._column(c) for c in columns]) if columns else np.zeros((self._group_idx.size, 0))
+        keep = ~np.any(np.isnan(mat), axis=1)
+        return NumpyAggregates({k: v[keep] for k, v in self._values.items()}, self._group_idx[keep])
+
     def _column(self, name: str) -> np.ndarray:
         try:
             return self._values[name]

@@ -94,6 +94,15 @@ class SparkAggregates:
             if c not in self._df.columns:
                 raise InvalidParameterError(f"unknown column {c!r}; the summaries hold {self._df.columns}")
 
+    def complete_cases(self, columns: Sequence[str]) -> "SparkAggregates":
+        """The same persons restricted to those with a value (not null, not NaN) of every one of
+        ``columns`` (as :meth:`dplib.aggregates.NumpyAggregates.complete_cases`); no Spark job."""
+        self.check_columns(columns)
+        cond = F.lit(True)
+        for c in columns:
+            cond = cond & qcol(c).isNotNull() & ~F.isnan(qcol(c))
+        return SparkAggregates(self._df.where(cond))
+
     def _where(self, columns: Sequence[str], group: GroupRange):
         cond = in_group(group)
         for c in columns:
