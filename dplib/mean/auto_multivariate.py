@@ -144,21 +144,25 @@ class AutoMultivariateMeanPlan:
         }
 
 
-def _coordinate_release(backend, columns: list[str], plan: AutoMultivariateMeanPlan, noise: NoiseSource,
+def _coordinate_release(view, columns: list[str], plan: AutoMultivariateMeanPlan, noise: NoiseSource,
                         accountant: Accountant, stage_prefix: str, params: dict) -> tuple[VectorMeanRelease, list]:
-    complete = getattr(backend, "complete_cases", None)
-    view = complete(columns) if complete is not None else backend
     cplan = plan.coordinate_plan()
-    rels = [scale_free_person_mean(view, col, cplan, noise, accountant, f"{stage_prefix}{col}: ") for col in columns]
+    rels = []
+    for col in columns:
+        rels.append(scale_free_person_mean(view, col, cplan, noise, accountant, f"{stage_prefix}{col}: "))
+        if rels[-1].status != STATUS_OK:
+            # a DP outcome stopped the vector: the columns after it never start and are not charged
+            break
     per = {col: r.parameters for col, r in zip(columns, rels)}
     stages = [{"stage": f"{col}: {s['stage']}", "epsilon": s["epsilon"], "delta": s["delta"]}
               for col, r in zip(columns, rels) for s in r.parameters.get("stages", [])]
     flagged = [col for col, r in zip(columns, rels) if r.parameters.get("tail_flag")]
     params.update({"coordinates": per, "coordinate_stages": stages, "tail_flag": bool(flagged)})
-    if any(r.status != STATUS_OK for r in rels):
-        missing = [col for col, r in zip(columns, rels) if r.status != STATUS_OK]
-        covers = ("none: the univariate scale-free mean of " + ", ".join(missing) + " released no value ("
-                  + rels[[r.status != STATUS_OK for r in rels].index(True)].error_covers + ")")
+    if len(rels) < len(columns) or rels[-1].status != STATUS_OK:
+        col = columns[len(rels) - 1]
+        covers = (f"none: the univariate scale-free mean of {col} released no value (too few persons with a value of "
+                  "every column for the scale-free estimator at epsilon / d; the columns after it were not run or "
+                  "charged): more persons or epsilon, fewer columns at a time, or declare options.scales")
         return VectorMeanRelease(STATUS_INSUFFICIENT, None, None, ERROR_LEVEL, covers, None, 0.0, 0.0, params), rels
     estimate = np.array([float(r.estimate) for r in rels if r.estimate is not None])
     bars = [r.error_bar for r in rels]
@@ -166,6 +170,8 @@ def _coordinate_release(backend, columns: list[str], plan: AutoMultivariateMeanP
     # each coordinate's estimate is c + S~ / N~: its noise sd about sqrt(2) x its sum's Laplace scale / N~
     noise_sd = np.array([math.sqrt(2.0) * float(r.noise_scale or 0.0) / max(float(r.parameters.get("noisy_person_count") or 1.0), 1.0)
                          for r in rels])
+    params["noise_sd"] = [float(v) for v in noise_sd]
+    params["coordinate_error_bars"] = [None if b is None else float(b) for b in bars]
     if error_bar is None:
         covers = ("nothing: the univariate scale-free mean of " + ", ".join(c for c, b in zip(columns, bars) if b is None)
                   + " has no error bar (see parameters.coordinates)")
@@ -195,9 +201,8 @@ def auto_multivariate_mean(
     Parameters
     ----------
     backend : Aggregates
-        Exact aggregates over person summaries. With ``complete_cases(columns)`` (both backends
-        here) the coordinate-wise branch reads only persons with a value of every column, as the
-        joint one does.
+        Exact aggregates over person summaries, with ``complete_cases(columns)`` (both backends
+        here): every stage of either branch reads only the persons with a value of every column.
     columns : sequence of str
         d distinct value columns.
     plan : AutoMultivariateMeanPlan
@@ -217,7 +222,8 @@ def auto_multivariate_mean(
     BudgetExceededError
         Before any charge, if the plan does not fit the accountant.
     InvalidParameterError
-        Before any charge: columns not d distinct names the backend holds.
+        Before any charge: columns not d distinct names the backend holds, or a backend without
+        ``complete_cases``.
 
     Privacy
     -------
@@ -229,8 +235,14 @@ def auto_multivariate_mean(
     check = getattr(backend, "check_columns", None)
     if check is not None:
         check(columns)
+    complete = getattr(backend, "complete_cases", None)
+    if complete is None:  # before any charge: a backend that cannot restrict every question to them
+        raise InvalidParameterError(
+            "auto_multivariate_mean needs a backend with complete_cases(columns) (the persons with a value of every "
+            "column); use scale_free_multivariate_mean on other backends (e.g. per group)")
     accountant = accountant if accountant is not None else Accountant(plan.budget)
     accountant.check(plan.charges(stage_prefix))
+    view = complete(columns)
     start = len(accountant.charges)
     accountant.charge(f"{stage_prefix}{STAGE_COUNT}", plan.count_budget, plan.group)
     exact = clamp_exact(np.array([float(backend.count(columns, plan.group))]))
@@ -245,13 +257,13 @@ def auto_multivariate_mean(
             f"DP person count x epsilon / d = {n_noisy * plan.rest_budget.epsilon / plan.d:.0f} is below "
             f"{COORDINATE_N_EPS:.0f}: d univariate scale-free means at (epsilon, delta) / d each"))
         params = {**plan.describe(), "estimator_choice": choice}
-        rel, _ = _coordinate_release(backend, columns, plan, noise, accountant, stage_prefix, params)
+        rel, _ = _coordinate_release(view, columns, plan, noise, accountant, stage_prefix, params)
         params["stages"] = [count_stage, *params.pop("coordinate_stages")]
     else:
         choice.update(chosen=CHOSEN_JOINT, reason=(
             f"DP person count x epsilon / d = {n_noisy * plan.rest_budget.epsilon / plan.d:.0f} is at least "
             f"{COORDINATE_N_EPS:.0f}" if plan.d >= 2 else "d = 1"))
-        rel = scale_free_multivariate_mean(backend, columns, plan.joint_plan(), noise, accountant, stage_prefix)
+        rel = scale_free_multivariate_mean(view, columns, plan.joint_plan(), noise, accountant, stage_prefix)
         params = {**rel.parameters, "estimator_choice": choice}
         params["stages"] = [count_stage, *params.get("stages", [])]
     eps, delta = composed_cost(accountant.charges[start:])

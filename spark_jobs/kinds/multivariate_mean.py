@@ -1,7 +1,8 @@
 """``kind: multivariate_mean`` — the person-level mean vector of d numeric columns.
 
-Default (no ``options.scales``, not ``records_iid``): the scale-free multivariate estimator
-(:mod:`dplib.mean.scale_free_multivariate`). With declared scales or ``records_iid``: the paper's
+Default (no ``options.scales``, not ``records_iid``): a DP person count picks d univariate
+scale-free means on small data or the joint scale-free multivariate estimator
+(:mod:`dplib.mean.auto_multivariate`; groups and d = 1: the joint one). With declared scales or ``records_iid``: the paper's
 multivariate estimator with coarse stage and TCN threads (:mod:`dplib.mean.multivariate`;
 Agarwal et al. 2024, Algorithm 3). Approximate DP: needs ``budget.delta > 0``.
 """
@@ -82,6 +83,8 @@ class MultivariateMeanKind(StatisticKind):
         if opts.scales is None and not opts.records_iid:
             # the default: no scales, each person's mean one item; a DP count picks coordinate-wise
             # univariate means (small data) or the joint estimator (dplib.mean.auto_multivariate)
+            if len(stat.columns) == 1:  # one column: nothing to choose, no count to pay for
+                return ScaleFreeMultivariatePlan(budget=stat.budget(cfg), d=1, k=opts.k)
             return AutoMultivariateMeanPlan(budget=stat.budget(cfg), d=len(stat.columns), k=opts.k)
         return MultivariateMeanPlan(
             budget=stat.budget(cfg),

@@ -212,8 +212,8 @@ def _one_statistic_config(job_name, path, name, kind, columns, out):
 
 
 def test_multivariate_mean_coordinate_wise_branch_through_the_job(spark, tmp_path):
-    """The default multivariate mean on small data (500 persons, d = 3, epsilon 1: the DP count x
-    epsilon / d ~ 160, below the branch's 200) runs d univariate scale-free means at epsilon / 3,
+    """The default multivariate mean on small data (500 persons, 400 with every column, d = 3,
+    epsilon 1: the DP count x epsilon / d ~ 131, below the branch's 200) runs d univariate scale-free means at epsilon / 3,
     through a job with the production noise source, on the persons with a value of every column:
     a fifth of the persons lack ``c`` and sit at a = 55 (read over every person with an ``a``,
     that coordinate would be ~15, ten off the exact complete-case mean), the count charged first."""
@@ -232,11 +232,15 @@ def test_multivariate_mean_coordinate_wise_branch_through_the_job(spark, tmp_pat
     (row,) = result.rows
     params = json.loads(row.parameters)
     assert row.noise_source == SecureNoise.name
-    assert params["estimator_choice"]["chosen"] == "coordinate-wise", params["estimator_choice"]
-    assert row.algorithm.startswith("multivariate-mean/coordinate-wise")
     assert params["stages"][0]["stage"] == "person count" and result.epsilon_spent <= 1.0 + 1e-9
     assert row.status == "OK", row.error_covers
     exact = mu[~gone].mean(axis=0)
+    if params["estimator_choice"]["chosen"] != "coordinate-wise":
+        # the DP count reads ~400 persons as above 612 in ~0.7% of runs: the joint branch, which
+        # reads the same complete cases
+        assert abs(float(row.estimate[0]) - exact[0]) < 5.0
+        return
+    assert row.algorithm.startswith("multivariate-mean/coordinate-wise")
     est = np.array(row.estimate, dtype=float)
     assert est.shape == (3,) and np.all(np.isfinite(est))
     # numpy twin of this data, 300 seeded runs: |error| of a at most 3.2 (p99 0.79); over every
@@ -271,6 +275,11 @@ def test_multivariate_mean_second_range_retry_through_the_job(spark, tmp_path):
     params = json.loads(row.parameters)
     assert row.noise_source == SecureNoise.name and row.status == "OK"
     assert result.epsilon_spent == pytest.approx(1.0)
+    exact = mu.mean(axis=0)
+    if params["estimator_choice"]["chosen"] != "joint":
+        # the DP count (1,000 persons; the coordinate-wise branch below 816) in ~1.3% of runs
+        assert np.all(np.abs(np.array(row.estimate, dtype=float) - exact) < 5.0 * units)
+        return
     # with the secure source (numpy twin, 300 runs): [1] in 298, [1, 3] in 1, no second retry in 1
     if params.get("range_retried_twice_coordinates") is not None:
         assert 1 in params["range_retried_twice_coordinates"] and params["range_retried"] is True

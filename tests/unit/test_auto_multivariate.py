@@ -123,6 +123,10 @@ def test_every_stage_is_charged_before_noise_and_an_overdrawn_accountant_reads_n
             seen.append(len(acc.charges))
             return super().add_laplace(values, scale)
 
+        def add_gaussian(self, values, sigma):
+            assert len(acc.charges) >= 2, "the final Gaussian before its charge"
+            return super().add_gaussian(values, sigma)
+
     x = 5.0 + np.random.default_rng(2).standard_normal((400, 3))
     rel = auto_multivariate_mean(_backend(x), _cols(3), AutoMultivariateMeanPlan(Budget(EPS, DELTA), 3), ChargedFirst(0), acc)
     assert acc.charges[0].stage == STAGE_COUNT and seen[0] == 1  # the count's noise after its charge only
@@ -134,6 +138,9 @@ def test_every_stage_is_charged_before_noise_and_an_overdrawn_accountant_reads_n
         def check_columns(self, columns):
             pass
 
+        def complete_cases(self, columns):
+            return self
+
         def count(self, *a, **k):
             raise AssertionError("read before the budget check")
 
@@ -143,3 +150,54 @@ def test_every_stage_is_charged_before_noise_and_an_overdrawn_accountant_reads_n
     with pytest.raises(InvalidParameterError):
         auto_multivariate_mean(_backend(x), ["x0", "x0", "x1"], AutoMultivariateMeanPlan(Budget(EPS, DELTA), 3),
                                SeededNoise(0))
+
+    class NoView:  # e.g. a grouped proxy: no complete-case view -> refused before any charge
+        def check_columns(self, columns):
+            pass
+
+        def count(self, *a, **k):
+            raise AssertionError("read before the refusal")
+
+    acc2 = Accountant(Budget(EPS, DELTA))
+    with pytest.raises(InvalidParameterError, match="complete_cases"):
+        auto_multivariate_mean(NoView(), _cols(3), AutoMultivariateMeanPlan(Budget(EPS, DELTA), 3), SeededNoise(0), acc2)
+    assert acc2.charges == []
+
+
+class ShiftedCount(SeededNoise):
+    """Seeded noise whose first Laplace draw (the person count) is moved by ``shift``: the branch
+    must follow the NOISY count, not the exact one."""
+
+    def __init__(self, seed, shift):
+        super().__init__(seed)
+        self.shift, self.first = shift, True
+
+    def add_laplace(self, values, scale):
+        out = super().add_laplace(values, scale)
+        if self.first:
+            self.first = False
+            return out + self.shift
+        return out
+
+
+@pytest.mark.parametrize("n,shift,chosen", [(20_000, -19_500.0, CHOSEN_COORDINATES), (300, 30_000.0, CHOSEN_JOINT)])
+def test_the_branch_follows_the_noisy_count_not_the_exact_one(n, shift, chosen):
+    x = 5.0 + np.random.default_rng(8).standard_normal((n, 3))
+    rel = auto_multivariate_mean(_backend(x), _cols(3), AutoMultivariateMeanPlan(Budget(EPS, DELTA), 3),
+                                 ShiftedCount(3, shift))
+    assert rel.parameters["estimator_choice"]["chosen"] == chosen
+
+
+def test_a_coordinate_that_releases_nothing_stops_the_vector_and_the_rest_is_not_charged():
+    """Three columns, the first at 0 for every person but a handful spread over 30 octaves (no
+    magnitude bucket passes at 40 persons): INSUFFICIENT_DATA, only the first column's stages and
+    the count charged."""
+    rng = np.random.default_rng(4)
+    n = 40
+    x = 5.0 + rng.standard_normal((n, 3))
+    x[:, 0] = 2.0 ** rng.uniform(-15, 15, n)
+    acc = Accountant(Budget(EPS, DELTA))
+    rel = auto_multivariate_mean(_backend(x), _cols(3), AutoMultivariateMeanPlan(Budget(EPS, DELTA), 3), SeededNoise(2), acc)
+    assert rel.status == "INSUFFICIENT_DATA" and "x0" in rel.error_covers
+    assert not any(c.stage.startswith(("x1: ", "x2: ")) for c in acc.charges)
+    assert rel.epsilon < EPS / 3 + EPS * COUNT_SHARE
