@@ -277,12 +277,14 @@ def test_multivariate_mean_second_range_retry_through_the_job(spark, tmp_path):
     assert result.epsilon_spent == pytest.approx(1.0)
     exact = mu.mean(axis=0)
     if params["estimator_choice"]["chosen"] != "joint":
-        # the DP count (1,000 persons; the coordinate-wise branch below 816) in ~1.3% of runs
+        # the DP count (1,000 persons; the coordinate-wise branch below 816) in ~1.3-1.7% of runs
         assert np.all(np.abs(np.array(row.estimate, dtype=float) - exact) < 5.0 * units)
         return
-    # with the secure source (numpy twin, 300 runs): [1] in 298, [1, 3] in 1, no second retry in 1
+    # numpy twin of the default plan (a DP count first, the joint branch at 0.98 epsilon), 300
+    # seeded runs: second retry on [1] in 268, on [1, 3] in 4, none in 23, coordinate-wise in 5
+    # (one CI run with the secure source saw [3] alone); worst |error| 2.02 bars
     if params.get("range_retried_twice_coordinates") is not None:
-        assert 1 in params["range_retried_twice_coordinates"] and params["range_retried"] is True
+        assert set(params["range_retried_twice_coordinates"]) <= {1, 3} and params["range_retried"] is True
     est, bar = np.array(row.estimate, dtype=float), np.array(row.error_bar, dtype=float)
     exact = mu.mean(axis=0)
     assert est.shape == (4,) and np.all(np.isfinite(bar))
