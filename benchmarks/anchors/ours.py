@@ -20,13 +20,12 @@ import numpy as np
 
 from dplib.aggregates import NumpyAggregates
 from dplib.budget import Budget
-from dplib.mean.auto_multivariate import AutoMultivariateMeanPlan, auto_multivariate_mean
+from dplib.mean.scale_free_multivariate import ScaleFreeMultivariatePlan, scale_free_multivariate_mean
 from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
 from dplib.mechanisms import SeededNoise
 
 UNIVARIATE = "scale_free_person_mean (ScaleFreeMeanPlan defaults)"
-MULTIVARIATE = ("auto_multivariate_mean (the kind's default: a DP person count, then d univariate scale-free means "
-                "at eps/d when count x eps / d < 200, else the joint scale-free estimator with one Gaussian l2 clip-and-noise)")
+MULTIVARIATE = "scale_free_multivariate_mean (ScaleFreeMultivariatePlan defaults: every stage on all persons, one joint Gaussian l2 clip-and-noise)"
 #: What ``error_bar`` covers (printed in the header).
 BAR_NOTE = (
     "univariate: the release's error_bar (covers the exact statistic: noise + a bias bound from the fitted tail); "
@@ -58,7 +57,7 @@ def ours_multivariate(person_means: np.ndarray, epsilon: float, delta: float, se
     n, d = x.shape
     cols = [f"x{j}" for j in range(d)]
     backend = NumpyAggregates({c: x[:, j] for j, c in enumerate(cols)}, _groups(n, seed))
-    rel = auto_multivariate_mean(backend, cols, AutoMultivariateMeanPlan(Budget(epsilon, delta), d), SeededNoise(seed))
+    rel = scale_free_multivariate_mean(backend, cols, ScaleFreeMultivariatePlan(Budget(epsilon, delta), d), SeededNoise(seed))
     ok = rel.status == "OK"
     params = dict(rel.parameters or {})
     return {

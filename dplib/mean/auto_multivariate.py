@@ -1,4 +1,13 @@
-"""The default multivariate mean: a DP person count picks joint or coordinate-wise estimation.
+"""A multivariate mean whose DP person count picks joint or coordinate-wise estimation.
+
+A library estimator, NOT what ``kind: multivariate_mean`` runs (that is the joint scale-free
+multivariate mean): tried as the default on 2026-12-06 and reverted the same day, when a new
+user's trial on five real panels found the coordinate-wise branch releasing nothing where columns
+spread over several octaves (pbcseq d = 7, 304 patients, and mathpnl d = 6, 550 districts:
+INSUFFICIENT_DATA in 10 of 10 runs; Chem97 d = 4 at epsilon 0.3: 4 of 4) while the joint
+estimator's pooled range retries release there. On columns within about one octave (the synthetic
+cells below) it is an order of magnitude more accurate than the joint estimator at d = 10 and 1,000
+persons. benchmarks/anchors/README.md has both measurements.
 
 The scale-free multivariate mean (:mod:`dplib.mean.scale_free_multivariate`) splits its early
 stages over the d coordinates and makes one joint Gaussian release; below a few thousand persons

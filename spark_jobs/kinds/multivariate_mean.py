@@ -1,8 +1,7 @@
 """``kind: multivariate_mean`` — the person-level mean vector of d numeric columns.
 
-Default (no ``options.scales``, not ``records_iid``): a DP person count picks d univariate
-scale-free means on small data or the joint scale-free multivariate estimator
-(:mod:`dplib.mean.auto_multivariate`; groups and d = 1: the joint one). With declared scales or ``records_iid``: the paper's
+Default (no ``options.scales``, not ``records_iid``): the scale-free multivariate estimator
+(:mod:`dplib.mean.scale_free_multivariate`). With declared scales or ``records_iid``: the paper's
 multivariate estimator with coarse stage and TCN threads (:mod:`dplib.mean.multivariate`;
 Agarwal et al. 2024, Algorithm 3). Approximate DP: needs ``budget.delta > 0``.
 """
@@ -13,10 +12,6 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from dplib.mean.auto_multivariate import ALGORITHM as AUTO_ALGORITHM
-from dplib.mean.auto_multivariate import ALGORITHM_VERSION as AUTO_VERSION
-from dplib.mean.auto_multivariate import (CHOSEN_JOINT, COORDINATE_ALGORITHM, COORDINATE_N_EPS, AutoMultivariateMeanPlan,
-                                          auto_multivariate_mean)
 from dplib.mean.multivariate import ALGORITHM as MV_ALGORITHM
 from dplib.mean.multivariate import ALGORITHM_VERSION as MV_VERSION
 from dplib.mean.multivariate import MultivariateMeanPlan, multivariate_person_mean
@@ -81,11 +76,8 @@ class MultivariateMeanKind(StatisticKind):
     def plan(self, stat, cfg):
         opts = stat.options
         if opts.scales is None and not opts.records_iid:
-            # the default: no scales, each person's mean one item; a DP count picks coordinate-wise
-            # univariate means (small data) or the joint estimator (dplib.mean.auto_multivariate)
-            if len(stat.columns) == 1:  # one column: nothing to choose, no count to pay for
-                return ScaleFreeMultivariatePlan(budget=stat.budget(cfg), d=1, k=opts.k)
-            return AutoMultivariateMeanPlan(budget=stat.budget(cfg), d=len(stat.columns), k=opts.k)
+            # the default: no scales, each person's mean one item (dplib.mean.scale_free_multivariate)
+            return ScaleFreeMultivariatePlan(budget=stat.budget(cfg), d=len(stat.columns), k=opts.k)
         return MultivariateMeanPlan(
             budget=stat.budget(cfg),
             d=len(stat.columns),
@@ -98,21 +90,7 @@ class MultivariateMeanKind(StatisticKind):
             # real panels of ~4,000-6,000 persons; dplib/mean/multivariate.py, issue 18)
         )
 
-    def grouped_plans(self, stat, cfg, fraction: float, l0: int):
-        """Per group: the joint scale-free plan (no count-chosen branch inside a group)."""
-        shared, inner, share = super().grouped_plans(stat, cfg, fraction, l0)
-        if isinstance(inner, AutoMultivariateMeanPlan):
-            inner = ScaleFreeMultivariatePlan(budget=inner.budget, d=inner.d, k=inner.k)
-        return shared, inner, share
-
     def describe(self, name: str, plan) -> str:
-        if isinstance(plan, AutoMultivariateMeanPlan):
-            cap = "" if plan.k is None else f", tail nu capped at k={plan.k:g}"
-            return (f"  {name}: scale-free multivariate mean, d={plan.d}: a DP person count ({plan.count_budget.epsilon:.3g} "
-                    f"epsilon), then, when that count x epsilon / d is below {COORDINATE_N_EPS:.0f}, {plan.d} univariate "
-                    "scale-free means at (epsilon, delta) / d each, else one joint estimator (ranges, centre, scales and "
-                    "l2 radius found privately, one Gaussian clip-and-noise); every stage on all persons with a value of "
-                    f"every column, sequential{cap}")
         if isinstance(plan, ScaleFreeMultivariatePlan):
             cap = "" if plan.k is None else f", tail nu capped at k={plan.k:g}"
             return (f"  {name}: scale-free multivariate mean, d={plan.d} (ranges, centre, scales and l2 radius found "
@@ -126,13 +104,7 @@ class MultivariateMeanKind(StatisticKind):
     def run(self, stat, plan, ctx: RunContext) -> Release:
         columns = list(stat.columns)
         prefix = f"{stat.name}: "
-        if isinstance(plan, AutoMultivariateMeanPlan):
-            rel = auto_multivariate_mean(ctx.aggregates, columns, plan, ctx.noise, ctx.accountant, prefix)
-            # the branch that ran names the algorithm; the version says a DP count chose it
-            joint = rel.parameters.get("estimator_choice", {}).get("chosen") == CHOSEN_JOINT
-            algorithm = SFMV_ALGORITHM if joint else COORDINATE_ALGORITHM
-            version = f"{SFMV_VERSION}, {AUTO_ALGORITHM} {AUTO_VERSION}" if joint else f"{AUTO_ALGORITHM} {AUTO_VERSION}"
-        elif isinstance(plan, ScaleFreeMultivariatePlan):
+        if isinstance(plan, ScaleFreeMultivariatePlan):
             rel = scale_free_multivariate_mean(ctx.aggregates, columns, plan, ctx.noise, ctx.accountant, prefix)
             algorithm, version = SFMV_ALGORITHM, SFMV_VERSION
         else:

@@ -271,7 +271,7 @@ def test_complete_case_views_equal(spark, persons, columns):
 
 
 def test_auto_multivariate_mean_numpy_and_spark_agree_on_the_coordinate_wise_branch(persons):
-    """The default multivariate mean's coordinate-wise branch (1,500 persons, d = 3, epsilon 0.3:
+    """The count-chosen multivariate mean's coordinate-wise branch (1,500 persons, d = 3, epsilon 0.3:
     count x epsilon / d ~ 147) on both backends with one seed: the same release, bit for bit."""
     from dplib.mean.auto_multivariate import CHOSEN_COORDINATES, AutoMultivariateMeanPlan, auto_multivariate_mean
 

@@ -211,48 +211,6 @@ def _one_statistic_config(job_name, path, name, kind, columns, out):
     })
 
 
-def test_multivariate_mean_coordinate_wise_branch_through_the_job(spark, tmp_path):
-    """The default multivariate mean on small data (500 persons, 400 with every column, d = 3,
-    epsilon 1: the DP count x epsilon / d ~ 131, below the branch's 200) runs d univariate scale-free means at epsilon / 3,
-    through a job with the production noise source, on the persons with a value of every column:
-    a fifth of the persons lack ``c`` and sit at a = 55 (read over every person with an ``a``,
-    that coordinate would be ~15, ten off the exact complete-case mean), the count charged first."""
-    rng = np.random.default_rng(31)
-    n = 500
-    mu = 5.0 + rng.standard_normal((n, 3))
-    gone = rng.random(n) < 0.2
-    mu[gone, 0] += 50.0
-    mu[gone, 2] = np.nan
-    pdf = pd.DataFrame(np.repeat(mu, 2, axis=0), columns=["a", "b", "c"])
-    pdf.insert(0, "pid", np.repeat([f"p{i}" for i in range(n)], 2))
-    path = tmp_path / "small3.parquet"
-    pdf.to_parquet(path, index=False)
-    cfg = _one_statistic_config("production-coordinates", path, "mv", "multivariate_mean", ["a", "b", "c"], tmp_path / "out")
-    result = run_job(cfg, spark=spark)
-    (row,) = result.rows
-    params = json.loads(row.parameters)
-    assert row.noise_source == SecureNoise.name
-    assert params["stages"][0]["stage"] == "person count" and result.epsilon_spent <= 1.0 + 1e-9
-    assert row.status == "OK", row.error_covers
-    exact = mu[~gone].mean(axis=0)
-    if params["estimator_choice"]["chosen"] != "coordinate-wise":
-        # the DP count reads ~400 persons as above 612 in ~0.7% of runs: the joint branch, which
-        # reads the same complete cases
-        assert abs(float(row.estimate[0]) - exact[0]) < 5.0
-        return
-    assert row.algorithm.startswith("multivariate-mean/coordinate-wise")
-    est = np.array(row.estimate, dtype=float)
-    assert est.shape == (3,) and np.all(np.isfinite(est))
-    # numpy twin of this data, 300 seeded runs: |error| of a at most 3.2 (p99 0.79); over every
-    # person with an a it would be ~10 off
-    assert abs(est[0] - exact[0]) < 5.0, (est, exact)
-    # ~130 persons x epsilon per column: most coordinates are flagged (the twin: 859 of ~890); the
-    # unflagged ones with a bar were within 1.09 of their bars
-    for j, (col, p) in enumerate(params["coordinates"].items()):
-        if not p["tail_flag"] and row.error_bar is not None:
-            assert abs(est[j] - exact[j]) <= 5.0 * float(row.error_bar[j]), (col, est[j], exact[j], row.error_bar)
-
-
 def test_multivariate_mean_second_range_retry_through_the_job(spark, tmp_path):
     """The multivariate mean's second range retry (issue 18: small data, one coordinate spread
     over many octaves) through a job with the production noise source. 1,000 persons, d = 4,
@@ -275,16 +233,9 @@ def test_multivariate_mean_second_range_retry_through_the_job(spark, tmp_path):
     params = json.loads(row.parameters)
     assert row.noise_source == SecureNoise.name and row.status == "OK"
     assert result.epsilon_spent == pytest.approx(1.0)
-    exact = mu.mean(axis=0)
-    if params["estimator_choice"]["chosen"] != "joint":
-        # the DP count (1,000 persons; the coordinate-wise branch below 816) in ~1.3-1.7% of runs
-        assert np.all(np.abs(np.array(row.estimate, dtype=float) - exact) < 5.0 * units)
-        return
-    # numpy twin of the default plan (a DP count first, the joint branch at 0.98 epsilon), 300
-    # seeded runs: second retry on [1] in 268, on [1, 3] in 4, none in 23, coordinate-wise in 5
-    # (one CI run with the secure source saw [3] alone); worst |error| 2.02 bars
+    # with the secure source (numpy twin, 300 runs): [1] in 298, [1, 3] in 1, no second retry in 1
     if params.get("range_retried_twice_coordinates") is not None:
-        assert set(params["range_retried_twice_coordinates"]) <= {1, 3} and params["range_retried"] is True
+        assert 1 in params["range_retried_twice_coordinates"] and params["range_retried"] is True
     est, bar = np.array(row.estimate, dtype=float), np.array(row.error_bar, dtype=float)
     exact = mu.mean(axis=0)
     assert est.shape == (4,) and np.all(np.isfinite(bar))

@@ -1,4 +1,4 @@
-"""Unit and statistical tests of the default multivariate mean (:mod:`dplib.mean.auto_multivariate`):
+"""Unit and statistical tests of the count-chosen multivariate mean (:mod:`dplib.mean.auto_multivariate`, a library estimator):
 a DP person count picks d univariate scale-free means (small data) or the joint estimator.
 
 Oracles: the plan's charges against the budget (closed form); numpy means of the complete cases;
