@@ -372,7 +372,10 @@ def _format_errors(err: ValidationError) -> str:
         if e["type"] == "literal_error":
             msg = f"{msg} (got {e.get('input')!r})"
         elif e["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(str(e["loc"][-1]), sorted(_known_fields()), n=1)
+            # never suggest the unknown word itself (``column`` is a field of privacy_unit: a
+            # statistic's ``column:`` suggested 'column', not 'columns')
+            word = str(e["loc"][-1])
+            close = difflib.get_close_matches(word, sorted(_known_fields() - {word}), n=1)
             msg = "unknown field" + (f" (did you mean {close[0]!r}?)" if close else "")
         lines.append(f"  {loc}: {msg}")
     return "invalid job config:\n" + "\n".join(lines)

@@ -105,6 +105,8 @@ def test_dry_run_says_the_record_cap_skips_distributions():
     ({"kind": "mean", "columns": ["x"], "options": {"scale": -1}}, "statistics.0.options.scale: must be finite"),
     ({"kind": "distribution", "columns": ["c"]}, "needs options.categories"),
     ({"kind": "count", "columns": ["x"], "options": {"nonsense": 1}}, "statistics.0.options.nonsense: unknown field"),
+    # a new user's `column:` for `columns:` was told "did you mean 'column'?"
+    ({"kind": "mean", "column": ["x"]}, "statistics.0.column: unknown field (did you mean 'columns'?)"),
 ])
 def test_config_errors_name_the_kind(stat, message):
     with pytest.raises(ConfigError) as err:
