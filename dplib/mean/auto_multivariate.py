@@ -50,7 +50,8 @@ import numpy as np
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
-from dplib.mechanisms import NoiseSource, clamp_exact, inflate, laplace_mechanism
+from dplib.count import STAGE_COUNT, PersonCountPlan, person_count
+from dplib.mechanisms import NoiseSource
 from dplib.mean.multivariate import VectorMeanRelease
 from dplib.mean.params import check_moment_order
 from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
@@ -62,7 +63,6 @@ ALGORITHM = "multivariate-mean/auto"
 ALGORITHM_VERSION = "1"
 #: The release's ``algorithm`` when the coordinate-wise branch ran.
 COORDINATE_ALGORITHM = "multivariate-mean/coordinate-wise scale-free (agarwal2024 univariate per column)"
-STAGE_COUNT = "person count"
 STAGE_REST = "multivariate mean (joint or coordinate-wise, chosen from the DP count)"
 CHOSEN_JOINT, CHOSEN_COORDINATES = "joint", "coordinate-wise"
 #: Share of epsilon spent on the person count that chooses the branch (Laplace scale 1 / (0.02 eps):
@@ -253,11 +253,9 @@ def auto_multivariate_mean(
     accountant.check(plan.charges(stage_prefix))
     view = complete(columns)
     start = len(accountant.charges)
-    accountant.charge(f"{stage_prefix}{STAGE_COUNT}", plan.count_budget, plan.group)
-    exact = clamp_exact(np.array([float(backend.count(columns, plan.group))]))
-    noisy, _ = laplace_mechanism(exact, inflate(1.0), plan.count_budget.epsilon, noise)
-    del exact
-    n_noisy = float(noisy[0])
+    # the library's person count (charged before its Laplace draw) over the complete cases
+    counted = person_count(view, columns, PersonCountPlan(plan.count_budget, plan.group), noise, accountant, stage_prefix)
+    n_noisy = float(counted.estimate[0])
     count_stage = {"stage": STAGE_COUNT, "epsilon": plan.count_budget.epsilon, "delta": 0.0}
     choice: dict[str, object] = {"noisy_person_count": round(n_noisy, 1),
                                  "threshold_persons_x_epsilon_per_column": COORDINATE_N_EPS}
