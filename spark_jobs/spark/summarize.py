@@ -20,9 +20,10 @@ Record rules (documented in README.md):
   data untouched (rescale a column whose values live outside [1e-29, 1e29]).
 - the person's mean is the exact fixed-point sum of :mod:`dplib.summary` divided by the count.
   Two implementations, equal bit for bit (tested, with the numpy twin
-  :func:`dplib.summary.person_mean`): the native aggregate ``person_dp_exact_sums`` of the jar
-  (:mod:`spark_jobs.spark.native`: per value, two of five carry-normalised base-2**62 digits
-  updated; used when the jar is loaded), and the pure Spark SQL fallback (each value becomes
+  :func:`dplib.summary.person_mean`): the native aggregate ``person_dp_exact_sum`` of the jar,
+  one per column (:mod:`spark_jobs.spark.native`: five base-2**61 slots in carry-save form, of
+  which a value touches two; a declarative aggregate whose update Spark compiles into the
+  aggregation's generated code; used when the jar is loaded), and the pure Spark SQL fallback (each value becomes
   eight signed 31-bit limbs of ``floor(|v| 2**150)``, summed per person as 64-bit integers, then
   carried into canonical digits). Both reduce map-side like a plain ``sum`` and depend only on
   the person's own values, never on partitioning or shuffle order. A limb sum of the SQL path
@@ -162,14 +163,15 @@ def _person_sums(rows, value_columns, names, native: bool):
     """``(_pid, <names>: doubles)`` -> ``(_pid, _m_<col>, _t_<col>)``: per person the count of
     usable values and their exact total (:mod:`dplib.summary`), in one aggregation by ``_pid``.
 
-    ``native``: the jar's ``person_dp_exact_sums`` (:mod:`spark_jobs.spark.native`; it applies
-    the value rules of :func:`_usable` itself); else the pure SQL path (:func:`_limb_sums` over
+    ``native``: the jar's ``person_dp_exact_sum``, one per column (:mod:`spark_jobs.spark.native`;
+    it applies the value rules of :func:`_usable` itself); else the pure SQL path (:func:`_limb_sums` over
     :func:`_usable` values, then :func:`_total_from_limbs`). The two agree bit for bit."""
     if native:
-        per = rows.groupBy("_pid").agg(F.expr(f"person_dp_exact_sums({', '.join(names)})").alias("_x"))
+        # one aggregate per column: Spark generates (and splits) each one's update code
+        per = rows.groupBy("_pid").agg(*[F.expr(f"person_dp_exact_sum({n})").alias(f"_x{i}") for i, n in enumerate(names)])
         cols = []
         for i, c in enumerate(value_columns):
-            cols += [F.col("_x").getField(f"m{i}").alias(f"_m_{c}"), F.col("_x").getField(f"total{i}").alias(f"_t_{c}")]
+            cols += [F.col(f"_x{i}").getField("m").alias(f"_m_{c}"), F.col(f"_x{i}").getField("total").alias(f"_t_{c}")]
         return per.select("_pid", *cols)
     return _total_from_limbs(_limb_sums(rows, value_columns, names), value_columns)
 

@@ -165,21 +165,22 @@ def test_person_mean_equals_the_numpy_twin_bit_for_bit(spark, path):
 
 
 def test_native_and_sql_paths_agree_bit_for_bit(spark, monkeypatch):
-    """The jar's five carry-normalised digits and the SQL path's eight limb sums give the same
+    """The jar's five carry-save base-2**61 slots and the SQL path's eight limb sums give the same
     totals: persons of many records whose sums carry across digits and limbs (values near
-    2**62 / 2**31 digit boundaries of the fixed point, both signs, cancellations to zero and to
+    2**61 / 2**31 digit boundaries of the fixed point, both signs, cancellations to zero and to
     one ulp), d = 3 columns with NaN / inf / null / CSV strings, several partitionings."""
     from pyspark.sql import functions as F
 
     from spark_jobs.spark import native
 
     rng = np.random.default_rng(3)
-    big = [math.ldexp(1.0, k) - math.ldexp(1.0, k - 53) for k in (-88, -26, 36, 97)]  # all-ones mantissas
+    # all-ones mantissas ending at the 2**61 slot boundaries (native) and 2**62 ones (its first form)
+    big = [math.ldexp(1.0, k) - math.ldexp(1.0, k - 53) for k in (-89, -88, -28, -26, 33, 36, 94, 97)]
     rows = []
     for p in range(60):
         n = [1, 2, 50, 700][p % 4]
         for j in range(n):
-            x = big[p % 4] * (1 if (j + p) % 3 else -1)
+            x = big[p % len(big)] * (1 if (j + p) % 3 else -1)
             y = float(rng.standard_normal() * 10 ** rng.uniform(-30, 29))
             z = [float("nan"), float("inf"), None, float(j)][j % 4] if p % 5 == 0 else float(rng.integers(-9, 9))
             rows.append((f"p{p}", x, y, z))
@@ -210,18 +211,62 @@ def test_native_and_sql_paths_agree_bit_for_bit(spark, monkeypatch):
     assert first["w"].equals(first["y"])  # strings parsed to the same doubles
 
 
+def test_native_sum_interpreted_equals_generated(spark):
+    """Spark runs the declarative sum's generated code, or its interpreted form when code
+    generation is off or fails to compile: both give the numpy twin's means bit for bit (values
+    at the slot and limb boundaries, both signs, clamped and truncated values, NaN / inf / null,
+    persons of up to 500 records, 1 and 6 partitions: partial buffers merged)."""
+    from spark_jobs.spark import native
+
+    assert native.enabled(spark)
+    rng = np.random.default_rng(11)
+    edge = [math.ldexp(1.0, k) - math.ldexp(1.0, k - 53) for k in (-89, -28, 33, 94, 97)] + [
+        1e300, -1e308, 5e-324, 3e-46, 2.5 * 2.0**-150, 0.0, -0.0, float("nan"), float("inf"), None]
+    rows = []
+    for p in range(40):
+        for j in range([1, 3, 500][p % 3]):
+            r = rng.random()
+            v = edge[int(rng.integers(len(edge)))] if r < 0.4 else float(rng.standard_cauchy() * 10 ** rng.uniform(-20, 20))
+            rows.append((f"p{p}", None if v is None else (v if j % 2 else -v if v == v else v)))
+    df = spark.createDataFrame(rows, "uid string, x double")
+    got = {}
+    for mode in ("generated", "interpreted"):
+        conf = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"} if mode == "interpreted" else {}
+        old = {k: spark.conf.get(k, None) for k in conf}
+        try:
+            for k, v in conf.items():
+                spark.conf.set(k, v)
+            for parts in (1, 6):
+                got[(mode, parts)] = summarize(df.repartition(parts), "uid", ["x"], SALT, keep_id=True).toPandas().sort_values("_pid").reset_index(drop=True)
+        finally:
+            for k, v in old.items():
+                spark.conf.unset(k) if v is None else spark.conf.set(k, v)
+    first = got[("generated", 1)]
+    for k, frame in got.items():
+        pd.testing.assert_frame_equal(frame, first, check_exact=True, obj=str(k))
+    by_id = {}
+    for pid, v in rows:
+        by_id.setdefault(pid, []).append(v)
+    for _, row in first.iterrows():
+        vals = [v for v in by_id[row["_pid"]] if v is not None and math.isfinite(v)]
+        assert row["_m_x"] == len(vals)
+        assert (math.isnan(row["x"]) if not vals else row["x"] == person_mean(vals)), row["_pid"]
+
+
 def test_native_aggregate_refuses_a_bad_call(spark):
-    """The registered function checks its arguments (Spark's analysis error, not a crash)."""
+    """The registered function checks its arguments (an error, not a crash)."""
     from pyspark.sql import functions as F
 
     from spark_jobs.spark import native
 
     assert native.enabled(spark)
     df = spark.createDataFrame([("a", 1.0)], "uid string, x double")
-    with pytest.raises(Exception, match="person_dp_exact_sums takes at least one argument"):
-        df.groupBy("uid").agg(F.expr("person_dp_exact_sums()")).collect()
+    with pytest.raises(Exception, match="person_dp_exact_sum takes one argument, got 0"):
+        df.groupBy("uid").agg(F.expr("person_dp_exact_sum()")).collect()
+    with pytest.raises(Exception, match="person_dp_exact_sum takes one argument, got 2"):
+        df.groupBy("uid").agg(F.expr("person_dp_exact_sum(x, x)")).collect()
     with pytest.raises(Exception, match="(?i)data type|DATATYPE_MISMATCH"):
-        df.groupBy("uid").agg(F.expr("person_dp_exact_sums(array(x))")).collect()
+        df.groupBy("uid").agg(F.expr("person_dp_exact_sum(array(x))")).collect()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,17 +7,17 @@ import org.apache.spark.sql.catalyst.expressions.Expression
   * Python through py4j: spark_jobs/spark/native.py). */
 object Functions {
   /** The jar's interface version: spark_jobs/spark/native.py refuses a jar of another version. */
-  val VERSION: Int = 3
+  val VERSION: Int = 4
 
   /** The Spark version this jar is compiled against (keep equal to the pom's spark.version). */
   val SPARK_VERSION: String = "4.2.0"
 
   def register(spark: SparkSession): Unit = {
     spark.sessionState.functionRegistry.createOrReplaceTempFunction(
-      "person_dp_exact_sums",
+      "person_dp_exact_sum",
       (children: Seq[Expression]) => {
-        if (children.isEmpty) throw new IllegalArgumentException("person_dp_exact_sums takes at least one argument")
-        ExactSums(children)
+        if (children.length != 1) throw new IllegalArgumentException(s"person_dp_exact_sum takes one argument, got ${children.length}")
+        ExactLimbSum(children.head)
       },
       "scala_udf")
     spark.sessionState.functionRegistry.createOrReplaceTempFunction(
