@@ -20,7 +20,8 @@ A person's mean of a value column is defined as follows (the Spark summarize pas
    high digit first (each ``float(e_i)`` is exact; multiplying by a power of two is exact); the
    mean is ``total / m``. The digits are a function of ``N`` alone, so any exact representation
    of the sum gives the same bits: the native aggregate (``spark_jobs/jvm``) keeps ``N`` in five
-   carry-normalised base-``2**62`` digits instead of the eight limb sums.
+   base-``2**61`` slots in carry-save form (normalised once, when the total is read) instead of
+   the eight limb sums.
 
 So a person's mean depends only on the multiset of their own values, never on partitioning or
 shuffle order (the last bits of an order-dependent mean could move a person across a histogram

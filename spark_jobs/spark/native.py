@@ -6,7 +6,7 @@ Catalyst aggregates for the per-person passes:
 
 - ``person_dp_exact_sum(x)``: per group, ``struct<m: bigint, total: double>``, the number of
   finite values of ``x`` and their exact fixed-point sum (:mod:`dplib.summary`), kept in five
-  base-2**61 slots in carry-save form (no overflow whatever the number of records). A
+  base-2**61 slots in carry-save form (no overflow short of ~10^17 records of one person). A
   declarative aggregate: Spark compiles its update into the aggregation's generated code (the
   first form, an imperative aggregate over all columns, ran outside it: ~1.4x slower at
   d = 1). Same result bit for bit as the SQL path's eight limb sums and the numpy twin (tested).

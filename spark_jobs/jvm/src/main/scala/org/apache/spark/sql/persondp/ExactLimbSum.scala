@@ -26,13 +26,14 @@ import org.apache.spark.sql.types.{AbstractDataType, DataType, DoubleType, LongT
   * value's digits (sign(v) ((N >> 61 i) mod 2^61); at most two are non-zero). So slots 0..3 stay
   * in (-2^62, 2^62) after an update and (-2^63, 2^63) after a merge, whatever the number of
   * records (no overflow, no chain of carries per row), and s_4 collects everything from 2^244
-  * up (it grows by at most 18 a record). The total normalises the slots once (carries low to high:
+  * up (it grows by at most 17 a record: a wrap would need ~5 10^17 records of |v| >= 2^94 in one
+  * group). The total normalises the slots once (carries low to high:
   * the canonical digits, unique), cuts N into the base-2^31 digits e0..e7 and the signed e8 of
   * dplib.summary.total_from_limb_sums and adds them in double high digit first, as it does.
   *
   * A value enters as one long (`fixed`, computed once per value): 0 when N = 0 (zero, NaN,
   * +-inf, null, |v| < 2^-150), else the 53-bit significand in bits 0..52, s + 64 in bits 53..61
-  * (N = significand 2^s, floor for s < 0; s in [-52, 196]) and the sign in bit 62. */
+  * (N = significand 2^s, floor for s < 0; s in [-52, 195]) and the sign in bit 62. */
 object LimbMath {
   final val SHIFT = 150
   final val DIGIT_BITS = 61
