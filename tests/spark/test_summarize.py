@@ -212,8 +212,9 @@ def test_native_and_sql_paths_agree_bit_for_bit(spark, monkeypatch):
 
 
 def test_native_sum_interpreted_equals_generated(spark):
-    """Spark runs the declarative sum's generated code, or its interpreted form when code
-    generation is off or fails to compile: both give the numpy twin's means bit for bit (values
+    """Spark runs the declarative sum's generated code, its interpreted form when code
+    generation is off or fails to compile, or a sort-based aggregation when its hash maps fill:
+    all give the numpy twin's means bit for bit (values
     at the slot and limb boundaries, both signs, clamped and truncated values, NaN / inf / null,
     persons of up to 500 records, 1 and 6 partitions: partial buffers merged)."""
     from spark_jobs.spark import native
@@ -230,8 +231,13 @@ def test_native_sum_interpreted_equals_generated(spark):
             rows.append((f"p{p}", None if v is None else (v if j % 2 else -v if v == v else v)))
     df = spark.createDataFrame(rows, "uid string, x double")
     got = {}
-    for mode in ("generated", "interpreted"):
-        conf = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"} if mode == "interpreted" else {}
+    modes = {
+        "generated": {},
+        "interpreted": {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"},
+        # the hash maps give up after 10 / 20 groups: sort-based aggregation, buffers updated after merges
+        "sort fallback": {"spark.sql.TungstenAggregate.testFallbackStartsAt": "10, 20"},
+    }
+    for mode, conf in modes.items():
         old = {k: spark.conf.get(k, None) for k in conf}
         try:
             for k, v in conf.items():
