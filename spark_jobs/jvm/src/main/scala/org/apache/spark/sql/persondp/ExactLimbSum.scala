@@ -101,21 +101,37 @@ object LimbMath {
   }
 }
 
-/** The `fixed` form of a double column (LimbMath; 0 for null), code-generated. */
-case class PersonDpFixed(child: Expression) extends UnaryExpression {
+/** A long function of a double column (a static method of LimbMath; 0 for null), code-generated. */
+abstract class LongOfDouble extends UnaryExpression {
+  /** The LimbMath method. */
+  protected def method: String
+  protected def f(x: Double): Long
   override def dataType: DataType = LongType
   override def nullable: Boolean = false
   override def eval(input: InternalRow): Any = {
     val v = child.eval(input)
-    if (v == null) 0L else LimbMath.fixed(v.asInstanceOf[Double])
+    if (v == null) 0L else f(v.asInstanceOf[Double])
   }
   override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode = {
     val c = child.genCode(ctx)
     ev.copy(code = code"""${c.code}
-      |long ${ev.value} = ${c.isNull} ? 0L : org.apache.spark.sql.persondp.LimbMath.fixed(${c.value});""".stripMargin,
+      |long ${ev.value} = ${c.isNull} ? 0L : org.apache.spark.sql.persondp.LimbMath.$method(${c.value});""".stripMargin,
       isNull = FalseLiteral)
   }
+}
+
+/** The `fixed` form of a double column (LimbMath.fixed; 0 for null). */
+case class PersonDpFixed(child: Expression) extends LongOfDouble {
+  override protected def method: String = "fixed"
+  override protected def f(x: Double): Long = LimbMath.fixed(x)
   override protected def withNewChildInternal(newChild: Expression): PersonDpFixed = copy(child = newChild)
+}
+
+/** 1 for a finite double, 0 for null, NaN and +-inf (LimbMath.finiteOne). */
+case class PersonDpFinite(child: Expression) extends LongOfDouble {
+  override protected def method: String = "finiteOne"
+  override protected def f(x: Double): Long = LimbMath.finiteOne(x)
+  override protected def withNewChildInternal(newChild: Expression): PersonDpFinite = copy(child = newChild)
 }
 
 /** Digit `i` of a `fixed` long (LimbMath.digit), code-generated. */
@@ -130,23 +146,6 @@ case class PersonDpLimb(child: Expression, i: Int) extends UnaryExpression {
       isNull = FalseLiteral)
   }
   override protected def withNewChildInternal(newChild: Expression): PersonDpLimb = copy(child = newChild)
-}
-
-/** 1 for a finite double, 0 for null, NaN and +-inf. */
-case class PersonDpFinite(child: Expression) extends UnaryExpression {
-  override def dataType: DataType = LongType
-  override def nullable: Boolean = false
-  override def eval(input: InternalRow): Any = {
-    val v = child.eval(input)
-    if (v == null) 0L else LimbMath.finiteOne(v.asInstanceOf[Double])
-  }
-  override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode = {
-    val c = child.genCode(ctx)
-    ev.copy(code = code"""${c.code}
-      |long ${ev.value} = ${c.isNull} ? 0L : org.apache.spark.sql.persondp.LimbMath.finiteOne(${c.value});""".stripMargin,
-      isNull = FalseLiteral)
-  }
-  override protected def withNewChildInternal(newChild: Expression): PersonDpFinite = copy(child = newChild)
 }
 
 /** The double total of five carry-save slots (LimbMath.total). */
