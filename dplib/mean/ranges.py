@@ -365,10 +365,60 @@ def window_center(
     epsilon-DP under add/remove (Agarwal et al. 2024, Algorithm 1, pure variant; the window is a
     DP output of an earlier stage on other persons, so it is public here).
     """
+    fit = window_center_fit(backend, column, group, epsilon, noise, lower, upper, bins_per_range, refine, pad_bins)
+    return fit.center, fit.bin_width
+
+
+@dataclass(frozen=True)
+class CentreFit:
+    """DP outputs of a centre histogram (:func:`window_center_fit`; all post-processing of its
+    noisy counts).
+
+    ``center``, ``bin_width``: as :func:`window_center`; ``local_mass``: the noisy persons in the
+    argmax bin and its ``REFINE_BINS`` neighbours each side (a sum of noisy counts);
+    ``pair_share``: the noisy persons in the argmax bin and its larger neighbour over
+    ``local_mass`` (near 1: the bulk is narrower than two bins)."""
+
+    center: float
+    bin_width: float
+    local_mass: float
+    pair_share: float
+
+
+def window_center_fit(
+    backend: Aggregates,
+    column: str,
+    group: GroupRange,
+    epsilon: float,
+    noise: NoiseSource,
+    lower: float,
+    upper: float,
+    bins_per_range: int = 8,
+    refine: bool = False,
+    pad_bins: int | None = None,
+    floor_scales: float = 0.0,
+    fold: bool = True,
+) -> CentreFit:
+    """:func:`window_center` with the histogram's concentration (:class:`CentreFit`).
+
+    ``floor_scales``: the centroid weighs each noisy count less ``floor_scales`` Laplace scales
+    (``floor_scales / epsilon``), floored at 0: empty neighbour bins, whose positive noise pulls a
+    plain centroid toward the window's middle, then weigh (almost) nothing. ``fold``: values
+    beyond the window count in its end bins (the clamp of :func:`window_center`); False: they are
+    left out (a zoomed window, whose end bins would otherwise hold the bulk's tails).
+
+    Privacy: epsilon-DP as :func:`window_center` (one person in at most one bin; the window and
+    bins are public here)."""
     r, offset, n_bins = window_bins(lower, upper, bins_per_range, pad_bins)
-    clamp = (offset, offset + (n_bins - 0.5) * r)
+    if fold:
+        clamp = (offset, offset + (n_bins - 0.5) * r)
+    else:  # values beyond the window land in bins -1 and n_bins (two more rows back), then dropped
+        clamp = (offset - 0.5 * r, offset + (n_bins + 0.5) * r)
     sparse = backend.histogram(column, r, offset, group, clamp=clamp)
-    return window_center_from_counts(sparse, epsilon, noise, lower, upper, bins_per_range, refine, pad_bins)
+    if not fold:
+        sparse = {j: c for j, c in sparse.items() if 0 <= j < n_bins}
+    return window_center_from_counts(sparse, epsilon, noise, lower, upper, bins_per_range, refine, pad_bins,
+                                     floor_scales=floor_scales, full=True)
 
 
 def window_bins(lower: float, upper: float, bins_per_range: int, pad_bins: int | None = None) -> tuple[float, float, int]:
@@ -394,23 +444,34 @@ def window_center_from_counts(
     bins_per_range: int = 8,
     refine: bool = False,
     pad_bins: int | None = None,
-) -> tuple[float, float]:
+    floor_scales: float = 0.0,
+    full: bool = False,
+):
     """:func:`window_center` from the exact counts of the window's bins (bins outside
-    ``[0, n_bins)`` are folded into the edge bins, as the clamp does); noised here."""
+    ``[0, n_bins)`` are folded into the edge bins, as the clamp does); noised here. ``full``:
+    a :class:`CentreFit` instead of ``(center, bin_width)``; ``floor_scales``: as
+    :func:`window_center_fit`."""
     r, offset, n_bins = window_bins(lower, upper, bins_per_range, pad_bins)
     dense = np.zeros(n_bins)
     for j, c in sparse.items():
         dense[min(max(j, 0), n_bins - 1)] += c
     noisy, _ = pure_dp_histogram(dense, epsilon, noise)
     j_star = int(np.argmax(noisy))
+    js = np.arange(max(j_star - REFINE_BINS, 0), min(j_star + REFINE_BINS + 1, n_bins))
+    center = offset + (j_star + 0.5) * r
     if refine:
-        # centroid of the argmax bin and REFINE_BINS neighbours each side (noisy counts floored at 0): finer
-        # than the bin midpoint when the bulk spans several bins; post-processing only
-        js = np.arange(max(j_star - REFINE_BINS, 0), min(j_star + REFINE_BINS + 1, n_bins))
-        wts = np.maximum(noisy[js], 0.0)
+        # centroid of the argmax bin and REFINE_BINS neighbours each side (noisy counts less
+        # floor_scales noise scales, floored at 0): finer than the bin midpoint when the bulk
+        # spans several bins; post-processing only
+        wts = np.maximum(noisy[js] - floor_scales / epsilon, 0.0)
         if wts.sum() > 0:
-            return offset + (float(np.dot(wts, js + 0.5)) / float(wts.sum())) * r, r
-    return offset + (j_star + 0.5) * r, r
+            center = offset + (float(np.dot(wts, js + 0.5)) / float(wts.sum())) * r
+    if not full:
+        return center, r
+    local = float(noisy[js].sum())
+    beside = [float(noisy[j]) for j in (j_star - 1, j_star + 1) if 0 <= j < n_bins]
+    pair = float(noisy[j_star]) + (max(beside) if beside else 0.0)
+    return CentreFit(center, r, local, pair / local if local > 0 else 0.0)
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,16 @@ scale s, the range R) replaced by private estimates (:mod:`dplib.mean.ranges`). 
  2    centre                  0.04 (0.12 after retry)     RangeEstimator on [L - W, U + W], bins of
                                                           W/8, pure; argmax bin refined by the
                                                           centroid of its neighbourhood -> c
+ 2b   centre zoom             0.03 (only when the bulk    pure histogram of bins r/8 over
+                              sits in two centre bins)    [c - 2r, c + 2r] (r = W/8); its centroid
+                                                          replaces c when its top bins hold >= 60%
+                                                          of the first one's persons
  3    deviation profile       0.10 (0.20 after retry)     pure histogram of |Y - c| on half
                                                           octaves (small data: octaves) -> tail
                                                           model, radius rho
  3b   tail balance            0.05 (light tails, no       Laplace on the persons beyond +x_a and
                               retry)                      beyond -x_a (x_a from the profile)
- 4    fine clip-and-noise     the rest (0.77 or 0.82;     Laplace on (sum trunc(Y - c, rho), w n)
+ 4    fine clip-and-noise     the rest (0.74-0.82;        Laplace on (sum trunc(Y - c, rho), w n)
                               0.44 after retry, 0.29 after the pooled retry)
 ====  =====================  ==========================  =======================================
 
@@ -90,6 +94,7 @@ from dplib.mean.scale_free_stages import (  # the early stages; re-exported (see
     REACH_FACTOR,
     SMALL_DATA_BOOST,
     STAGE_BALANCE,
+    STAGE_ZOOM,
     STAGE_CENTRE,
     STAGE_PROFILE,
     STAGE_RANGE,
@@ -125,16 +130,16 @@ from dplib.seam import Aggregates
 __all__ = [
     "ALGORITHM", "ALGORITHM_VERSION", "BALANCE_RATIO", "BALANCE_SHARE", "CENTRE_BINS", "CENTRE_SHARE", "DEFAULT_SHARES",
     "FLAG_NU", "LIGHT_NU", "LIGHT_RADIUS_NU", "PROFILE_OCTAVES_ABOVE", "PROFILE_OCTAVES_BELOW", "PROFILE_SHARE", "PROFILE_SUB_EDGES",
-    "OVERFLOW_REFUSE", "RADIUS_REACH", "RANGE_RETRY_SHARE", "RANGE_SHARE", "REACH_FACTOR", "SMALL_DATA_BOOST", "STAGES", "STAGE_BALANCE",
+    "OVERFLOW_REFUSE", "RADIUS_REACH", "RANGE_RETRY_SHARE", "RANGE_SHARE", "REACH_FACTOR", "SMALL_DATA_BOOST", "STAGES", "STAGE_BALANCE", "STAGE_ZOOM",
     "STAGE_CENTRE", "STAGE_FINE", "STAGE_PROFILE", "STAGE_RANGE", "STAGE_RANGE_RETRY", "STAGE_RANGE_RETRY2", "ScaleFreeMeanPlan",
     "ScaleFreeSetup", "StageShares", "balance_edge", "balanced_radius", "measured_reach", "radius_cap", "scale_free_person_mean",
     "scale_free_stages", "stage_charger", "tail_balance", "tail_balance_read", "tail_counts", "tail_from_profile",
 ]
 
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
-ALGORITHM_VERSION = "11"  # 11: flagged when over 33% of the persons could sit unseen beyond the profile (unseen_flag; PSID married, 595 persons at epsilon 0.3: 9 unflagged misses of 30 -> 0); a profile that ends sharply (>= 5% of persons beyond its last measured edge, 10x what could hide beyond its visible top) clips at 1.5x its reach (sharp_end): a 0/1 column of 11,423 persons, median error 0.00128 -> 0.00071; 40 other cells unchanged; 10: no bar (flagged) when the range stays at the zero floor (at_zero_floor: 2,000 persons 97% at 0, epsilon 0.3: bars of 5e-302 against exact means of ~0.02, 2 of 6 unflagged); 9: the small-data radius cap is SMALL_REACH x max(the profile's reach, the centre's bin width) (a profile that sees nothing clipped 100 Gaussian persons at 0.4 sd in 14% of runs); 8: a pooled third range run (pure, 4 octaves per bucket) when the first two release nothing (jtrain firms, 128-155 persons: employ and sales released in 95-100% of runs instead of 0-5%); a first range of only the zero bucket (a zero-inflated column) runs the retry (3 octaves per bucket; wagepan shares of years in a state, 70-82% zeros: |error| 0.07-0.20 -> 0.008-0.03), and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
+ALGORITHM_VERSION = "12"  # 12: the centre zoom (stage 2b: a finer centre histogram when the bulk sits in two centre bins; ZOOM_SHARE of epsilon when it runs) its centroid with a noise floor (CENTROID_FLOOR_SCALES); runs without it release what version 11 released: person means narrower than the centre bins (Gaussian m = 100, 1,000 persons) 1.93 -> 1.10x the p1/p99 anchor (numpy, 60 seeds); 11: flagged when over 33% of the persons could sit unseen beyond the profile (unseen_flag; PSID married, 595 persons at epsilon 0.3: 9 unflagged misses of 30 -> 0); a profile that ends sharply (>= 5% of persons beyond its last measured edge, 10x what could hide beyond its visible top) clips at 1.5x its reach (sharp_end): a 0/1 column of 11,423 persons, median error 0.00128 -> 0.00071; 40 other cells unchanged; 10: no bar (flagged) when the range stays at the zero floor (at_zero_floor: 2,000 persons 97% at 0, epsilon 0.3: bars of 5e-302 against exact means of ~0.02, 2 of 6 unflagged); 9: the small-data radius cap is SMALL_REACH x max(the profile's reach, the centre's bin width) (a profile that sees nothing clipped 100 Gaussian persons at 0.4 sd in 14% of runs); 8: a pooled third range run (pure, 4 octaves per bucket) when the first two release nothing (jtrain firms, 128-155 persons: employ and sales released in 95-100% of runs instead of 0-5%); a first range of only the zero bucket (a zero-inflated column) runs the retry (3 octaves per bucket; wagepan shares of years in a state, 70-82% zeros: |error| 0.07-0.20 -> 0.008-0.03), and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
 STAGE_FINE = "fine clip-and-noise"
-STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2, STAGE_CENTRE, STAGE_PROFILE, STAGE_BALANCE, STAGE_FINE)
+STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2, STAGE_CENTRE, STAGE_ZOOM, STAGE_PROFILE, STAGE_BALANCE, STAGE_FINE)
 #: The radius never exceeds this multiple of how far the profile measures (:func:`measured_reach`).
 #: A tail fitted near x^-1 makes the balanced radius run off to hundreds of times the measured
 #: range, while real bounded-but-skewed columns stop a few times beyond it. Measured on real panels

@@ -45,7 +45,7 @@ from dplib.mean.ranges import (
     magnitude_range_from_counts,
     measured_survival,
     pure_bucket_count,
-    window_center,
+    window_center_fit,
 )
 from dplib.mean.tails import StudentTail, fit_student_tail, fit_student_tail_binned
 from dplib.mechanisms import NoiseSource, pure_dp_histogram
@@ -57,6 +57,7 @@ STAGE_RANGE_RETRY2 = "magnitude range (pooled retry)"
 STAGE_CENTRE = "centre"
 STAGE_PROFILE = "deviation profile"
 STAGE_BALANCE = "tail balance"
+STAGE_ZOOM = "centre (zoom)"
 #: Epsilon shares of the early stages (accuracy only: any shares summing to <= 1 are private).
 RANGE_SHARE = 0.04
 RANGE_RETRY_SHARE = 0.20
@@ -66,6 +67,28 @@ CENTRE_SHARE = 0.04
 PROFILE_SHARE = 0.10
 #: Bins of the centre histogram per width of the private range.
 CENTRE_BINS = 8
+#: The centre zoom (estimators whose shares have ``zoom > 0``: the univariate mean). When the
+#: centre histogram's bulk sits in two neighbouring bins (a DP outcome: ``pair_share`` at least
+#: ZOOM_PAIR_SHARE of the noisy persons within REFINE_BINS of its top bin), a second histogram
+#: of ZOOM_BINS bins per centre-bin width over [c - 2 r, c + 2 r] (values beyond left out) finds
+#: the centre to a fraction of the bulk's width; it replaces the first centre (and its bin width)
+#: when its own top bins hold at least ZOOM_ACCEPT of the first one's noisy persons (else the
+#: zoom's bins were narrower than the noise allows: the first centre stays). The zoom's centroid
+#: weighs each noisy count less CENTROID_FLOOR_SCALES noise scales (its empty bins' positive
+#: noise would pull it); the first centre's is unchanged, so a run without the zoom releases what
+#: it released before the zoom existed. Person means narrower
+#: than the centre's bins (m = 100 records of N(5, 1): sd 0.1 against bins of 0.5) had the
+#: centre 0.4 sd off, a count weight of 1.8 sd and radii of 3.6-4.0 sd; numpy twins, 60 seeds,
+#: median |error| / the p1/p99 anchor's: Gaussian 1,000 persons m = 100 1.93 -> 1.10 (mean at
+#: 5.2: 1.98 -> 1.38), uniform 2.32 -> 1.58, Gaussian m = 10 1.21 -> 0.80, Lomax 2.5 m = 10
+#: 1.77 -> 0.75 (coverage 0.68 -> 0.83); real columns whose bulk spans more bins (nlswork) do
+#: not zoom and spend nothing on it. Small data (after a range retry) does not zoom (not measured
+#: there).
+ZOOM_SHARE = 0.03
+ZOOM_PAIR_SHARE = 0.8
+ZOOM_BINS = 8
+ZOOM_ACCEPT = 0.6
+CENTROID_FLOOR_SCALES = 2.0
 #: Factor on the profile share on small data (the centre's is SMALL_CENTRE_BOOST).
 SMALL_DATA_BOOST = 2.0
 #: The deviation profile spans [W 2^-PROFILE_OCTAVES_BELOW, W 2^PROFILE_OCTAVES_ABOVE] around the
@@ -172,6 +195,9 @@ class StageShares:
     centre: float = CENTRE_SHARE
     profile: float = PROFILE_SHARE
     balance: float = BALANCE_SHARE
+    #: The centre zoom's share (:data:`ZOOM_SHARE`); 0: no zoom, and the centre's centroid as
+    #: before it (no noise floor).
+    zoom: float = 0.0
     boost: float = SMALL_DATA_BOOST
     centre_boost: float = SMALL_CENTRE_BOOST
     #: False: no final stage follows (a shared stage of a grouped mean): the shares may sum to 1.
@@ -181,7 +207,7 @@ class StageShares:
     retry2_from_profile: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("range", "range_retry", "range_retry2", "centre", "profile", "balance"):
+        for name in ("range", "range_retry", "range_retry2", "centre", "profile", "balance", "zoom"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
                 raise InvalidParameterError(f"share {name} must be in [0, 1), got {v!r}")
@@ -201,7 +227,7 @@ class StageShares:
         """The final stage's nominal share: 1 minus the largest early shares (after a retry)."""
         retry2 = 0.0 if self.retry2_from_profile else self.range_retry2
         return (1.0 - self.range - self.range_retry - retry2 - self.centre * self.centre_boost
-                - self.profile * self.boost - self.balance)
+                - self.zoom - self.profile * self.boost - self.balance)
 
     def profile_share(self, small: bool, retried_twice: bool) -> float:
         """The profile's share on this path: boosted on small data, less the pooled retry's when
@@ -220,10 +246,10 @@ class StageShares:
             (STAGE_RANGE, self.range, delta / 2.0),
             (STAGE_RANGE_RETRY, self.range_retry, delta / 2.0),
         ] + ([(STAGE_RANGE_RETRY2, self.range_retry2, 0.0)] if self.range_retry2 > 0 else [])
-        parts = ranges + [
-            (STAGE_CENTRE, self.centre * self.centre_boost, 0.0),
-            (STAGE_PROFILE, self.profile * self.boost, 0.0),
-        ]
+        parts = ranges + [(STAGE_CENTRE, self.centre * self.centre_boost, 0.0)]
+        if self.zoom > 0:
+            parts.append((STAGE_ZOOM, self.zoom, 0.0))
+        parts.append((STAGE_PROFILE, self.profile * self.boost, 0.0))
         if self.balance > 0:
             parts.append((STAGE_BALANCE, self.balance, 0.0))
         return [Charge(f"{prefix}{name}", Budget(eps * share, d), group) for name, share, d in parts]
@@ -240,7 +266,7 @@ class StageShares:
 #: spread over 3-10 octaves, released nothing in 0-5% of runs for employ, sales, tothrs, totrain,
 #: hrsemp; with it 95-100% of runs for employ and sales (median |error| 18% and 24% of the mean,
 #: bars covering 95-100%), 75% and 50% for totrain and hrsemp, 10% for tothrs).
-DEFAULT_SHARES = StageShares(range_retry2=RANGE_RETRY2_SHARE)
+DEFAULT_SHARES = StageShares(range_retry2=RANGE_RETRY2_SHARE, zoom=ZOOM_SHARE)
 
 
 def stage_charger(accountant: Accountant, charges: dict):
@@ -644,10 +670,25 @@ def scale_free_stages(
 
     # 2. centre
     b_centre = charge(STAGE_CENTRE, eps_total * shares.centre * (shares.centre_boost if small else 1.0))
-    center, bin_width = window_center(
+    zoom = shares.zoom > 0
+    fit = window_center_fit(
         backend, column, group, b_centre.epsilon, noise, lower, upper, CENTRE_BINS, refine=True,
         pad_bins=SMALL_CENTRE_PAD if small else None,
     )
+    center, bin_width = fit.center, fit.bin_width
+    # 2b. centre zoom: the bulk in two neighbouring bins (a DP outcome) -> a histogram of finer
+    # bins around the centre; kept when its top bins hold most of the first one's persons
+    if zoom and not small and fit.pair_share >= ZOOM_PAIR_SHARE and fit.local_mass > 0:
+        b_zoom = charge(STAGE_ZOOM, eps_total * shares.zoom)
+        zfit = window_center_fit(
+            backend, column, group, b_zoom.epsilon, noise, center - bin_width, center + bin_width, 2 * ZOOM_BINS,
+            refine=True, pad_bins=ZOOM_BINS, floor_scales=CENTROID_FLOOR_SCALES, fold=False,
+        )
+        accepted = zfit.local_mass >= ZOOM_ACCEPT * fit.local_mass
+        params["centre_zoom"] = "kept" if accepted else "not kept (its bins were too fine for the noise)"
+        if accepted:
+            params["centre_before_zoom"] = center
+            center, bin_width = zfit.center, zfit.bin_width
     params.update({"coarse_center": center, "bin_width": bin_width})
 
     # 3. deviation profile -> tail model

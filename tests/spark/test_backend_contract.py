@@ -125,3 +125,27 @@ def test_rows_collected_independent_of_persons(spark):
         sp.count(["a"], ALL_PERSONS)
         seen.append(sp.rows_collected)
     assert seen[0] == seen[1] <= 4
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_centre_fit_equal_and_small(persons, fold):
+    """The scale-free mean's centre histograms (``window_center_fit``, with the zoom's unfolded
+    window): the same fit on both backends (the same noise stream), at most the window's bins
+    plus the two outside ones back, and (noise ~0) the local mass equal to an oracle's count."""
+    from dplib.mean.ranges import window_center_fit
+    from dplib.mechanisms import SeededNoise
+
+    np_b, sp_b = persons
+    kw = dict(bins_per_range=16, refine=True, pad_bins=8, floor_scales=2.0, fold=fold)
+    for eps in (0.5, 1e9):
+        before = sp_b.rows_collected
+        got = window_center_fit(sp_b, "a", ALL_PERSONS, eps, SeededNoise(3), 5.0, 15.0, **kw)
+        assert got == window_center_fit(np_b, "a", ALL_PERSONS, eps, SeededNoise(3), 5.0, 15.0, **kw)
+        assert sp_b.rows_collected - before <= 32 + 2
+    # window [0, 20) in 32 bins of 0.625; the oracle: persons within the argmax bin +- 3 bins
+    a = np_b._values["a"]
+    a = a[np.isfinite(a)]
+    idx = np.floor(np.clip(a, 0.0, 20.0 - 0.3125) / 0.625).astype(int) if fold else np.floor(a[(a >= 0) & (a < 20)] / 0.625).astype(int)
+    counts = np.bincount(idx, minlength=32)
+    top = int(np.argmax(counts))
+    assert got.local_mass == pytest.approx(float(counts[max(top - 3, 0):top + 4].sum()), abs=1e-3)

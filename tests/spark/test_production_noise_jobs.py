@@ -458,3 +458,32 @@ def test_variance_without_a_bar_through_the_job(spark, tmp_path):
         else:  # the twin's 1%: an unflagged bar, which covered there
             assert abs(row.estimate[0] - want) <= 1.5 * row.error_bar[0], (row.statistic, row.error_bar)
     assert result.epsilon_spent <= 2.0 * (1 + 1e-12)
+
+
+def test_mean_centre_zoom_through_the_job(spark, tmp_path):
+    """The scale-free mean's centre zoom (stage 2b) through a job with the production noise
+    source: 1,000 persons whose means (N(5.2, 0.1^2), 5 records each) are far narrower than the
+    centre histogram's bins (range [4, 8]: bins of 0.5), epsilon 1. The bulk sits in one or two
+    centre bins (pair share ~0.95 against the 0.8 it needs; Laplace scale 25 persons a bin), so
+    the zoom runs (charged 0.03 before its histogram) and is kept; the release lies within five
+    of its own 90% bars of the exact mean of person means, the whole epsilon charged."""
+    from dplib.mean.scale_free_stages import ZOOM_SHARE
+
+    rng = np.random.default_rng(14)
+    mu = rng.normal(5.2, 0.1, size=1_000)
+    vals = np.repeat(mu, 5) + rng.normal(0.0, 0.05, size=5_000)
+    pdf = pd.DataFrame({"pid": np.repeat([f"p{i}" for i in range(1_000)], 5), "z": vals})
+    path = tmp_path / "narrow.parquet"
+    pdf.to_parquet(path, index=False)
+    cfg = _one_statistic_config("production-zoom", path, "m", "mean", ["z"], tmp_path / "out")
+    result = run_job(cfg, spark=spark)
+    (row,) = result.rows
+    assert row.noise_source == SecureNoise.name and row.status == "OK"
+    params = json.loads(row.parameters)
+    assert params["centre_zoom"] == "kept"
+    # charged: the fine stage got at most what range, centre, zoom and profile left (less the
+    # tail balance's 0.05 when it ran)
+    assert params["fine_epsilon"] <= 1.0 - 0.04 - 0.04 - ZOOM_SHARE - 0.10 + 1e-9
+    exact = float(pdf.groupby("pid")["z"].mean().mean())
+    assert abs(row.estimate[0] - exact) <= 5.0 * float(np.max(row.error_bar))
+    assert result.epsilon_spent == pytest.approx(1.0)
