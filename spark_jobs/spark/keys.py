@@ -10,21 +10,17 @@
   :mod:`dplib.distribution.batches` (:func:`~dplib.distribution.batches.record_keys`), used by
   the batches' draws and by the summary's record cap.
 
-The salt never appears as a literal (literals are printed in query plans: Spark UI, event logs,
-``explain()``): it enters as a native expression holding a broadcast variable (the jar's
-``person_dp_salt``, printed as a random handle) or, on the SQL path, as the row of a one-row
-broadcast table (table rows are not printed).
+The salt never appears as a literal: it enters as the row of a one-row broadcast table, and
+literals are printed in query plans (Spark UI, event logs, ``explain()``), table rows are not.
 """
 
 from __future__ import annotations
-
-import weakref
 
 import pyarrow as pa
 from pyspark.sql import functions as F
 
 from dplib.distribution.batches import KEY_SEPARATOR
-from spark_jobs.spark.native import enabled, groups_like_json
+from spark_jobs.spark.native import groups_like_json
 
 #: Copies of one record are numbered in blocks of this size (no array above it, whatever the count).
 COPY_BLOCK = 65_536
@@ -40,39 +36,13 @@ def valid_id(col, null_values):
 
 
 def with_salt(df, salt_hex: str):
-    """``df`` with a ``_salt`` column: the run's salt as data, never a literal of the plan.
+    """``df`` with a ``_salt`` column: the salt joined as data (a broadcast one-row table).
 
-    With the native jar (:mod:`spark_jobs.spark.native`): ``person_dp_salt('<handle>')``, a leaf
-    expression holding the salt as a Spark broadcast variable, whose printed forms show a random
-    handle only. Without it: a one-row broadcast table joined to every row, made from an Arrow
-    table (decoded in the JVM: a table made from a Python list is an RDD whose one row a Python
-    worker must produce in every job that reads it, ~0.15 s a pass). The join costs ~0.15-0.2 s
-    a pass at 10^7 records, which the native form saves."""
-    spark = df.sparkSession
-    if enabled(spark):
-        return df.withColumn("_salt", F.expr(f"person_dp_salt('{salt_handle(spark, salt_hex)}')"))
-    return df.crossJoin(F.broadcast(_salt_table(spark, salt_hex)))
-
-
-def _salt_table(spark, salt_hex: str):
-    """The one-row table of the salt, made from an Arrow table (its bytes reach the JVM as an
-    Arrow stream, never as the text of a py4j command, which py4j's debug log prints)."""
-    return spark.createDataFrame(pa.table({"_salt": pa.array([salt_hex], pa.string())}))
-
-
-# per SparkSession: salt -> the jar's handle of its broadcast (registered once per session)
-_handles: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def salt_handle(spark, salt_hex: str) -> str:
-    """The native jar's handle of ``salt_hex`` in ``spark`` (``Functions.saltHandle``: broadcast
-    once per session and salt). The salt reaches the JVM inside a one-row Arrow table, not as a
-    py4j argument; the handle is random and not secret."""
-    known = _handles.setdefault(spark, {})
-    if salt_hex not in known:
-        fns = spark._jvm.org.apache.spark.sql.persondp.Functions
-        known[salt_hex] = str(fns.saltHandle(spark._jsparkSession, _salt_table(spark, salt_hex)._jdf))
-    return known[salt_hex]
+    The table is made from an Arrow table (decoded in the JVM): a table made from a Python list
+    is an RDD whose one row a Python worker must produce in every job that reads it (~0.15 s a
+    pass)."""
+    salt_df = df.sparkSession.createDataFrame(pa.table({"_salt": pa.array([salt_hex], pa.string())}))
+    return df.crossJoin(F.broadcast(salt_df))
 
 
 def group_index():

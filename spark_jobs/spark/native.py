@@ -15,10 +15,6 @@ Catalyst aggregates for the per-person passes:
   over each row's ``cnt`` identical copies ``j`` (the keyed-hash order of
   :mod:`dplib.distribution.batches`): the same choice as ``min_by`` over numbered copies,
   without a row per copy or a sort. Used by the batches and by record capping.
-- ``person_dp_salt('<handle>')``: the run's secret salt as a string column value, held by the
-  expression as a Spark broadcast variable (``Functions.saltHandle`` registers it and returns a
-  random handle); its printed forms (plans, generated code) show the handle only. Replaces the
-  SQL path's join of a one-row salt table (:func:`spark_jobs.spark.keys.with_salt`).
 
 When the jar is absent (a checkout without Maven, a cluster without ``--jars``), or the running
 Spark cannot load it, the jobs use the pure Spark SQL path: same results, slower. Set
@@ -39,7 +35,7 @@ from pathlib import Path
 log = logging.getLogger("person_dp.native")
 
 #: Interface version the Python side expects (``Functions.VERSION`` in the jar).
-JAR_VERSION = 5
+JAR_VERSION = 4
 #: The Spark version the jar is compiled against (``Functions.SPARK_VERSION``; the pom's
 #: ``spark.version``): the aggregates use Spark-internal interfaces, so another Spark version
 #: runs the SQL path.
@@ -98,7 +94,7 @@ def enabled(spark) -> bool:
 
 
 #: The SQL names of the jar's functions.
-FUNCTIONS = ("person_dp_exact_sum", "person_dp_bottom_k", "person_dp_salt")
+FUNCTIONS = ("person_dp_exact_sum", "person_dp_bottom_k")
 
 
 def plan_uses_native(df) -> bool:

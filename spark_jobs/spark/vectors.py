@@ -58,7 +58,6 @@ from dplib.covariance.order import ORDER_HEX_CHARS, ORDER_TAG, reference_positio
 from dplib.covariance.person import DUMMY_PREFIX, PERSON_PREFIX, check_dummy
 from dplib.errors import InputDataError, InvalidParameterError
 from dplib.groups import is_salt
-from spark_jobs.spark.keys import with_salt
 from spark_jobs.spark.sqlnames import qcol
 from spark_jobs.spark.summarize import summarize
 
@@ -146,6 +145,7 @@ class SparkPersonVectors:
         spark = self._df.sparkSession
         dummy = check_dummy(dummy, self.d)
         pad = max(0, int(n0) - int(count))
+        salt_df = F.broadcast(spark.createDataFrame([(self._salt,)], "_salt string"))
         xs = [f"_x{j}" for j in range(self.d)]
         persons = self._df.select(
             F.concat(F.lit(PERSON_PREFIX), F.col("_pid")).alias("_key_src"),
@@ -159,7 +159,7 @@ class SparkPersonVectors:
             F.concat(F.lit(DUMMY_PREFIX), F.col("id").cast("string")).alias("_key_src"),
             *[F.lit(float(v)).alias(x) for v, x in zip(dummy, xs)],
         )
-        rows = with_salt(persons.unionByName(dummies), self._salt)  # as data, never a literal (keys.py)
+        rows = persons.unionByName(dummies).crossJoin(salt_df)
         key = F.substring(F.sha2(F.concat(F.col("_salt"), F.lit(ORDER_TAG), F.col("_key_src")), 256), 1, ORDER_HEX_CHARS)
         rows = rows.select(key.alias("_key"), *xs)
         ranked = _ranked(rows.orderBy("_key", *xs), xs)

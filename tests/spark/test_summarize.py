@@ -3,13 +3,11 @@ null and "NA" ids dropped, the group index equal to dplib's hashlib reference, n
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import numpy as np
 import pandas as pd
 import pytest
-from pyspark.sql import functions as F
 
 from dplib.groups import group_index
 from dplib.summary import CLAMP, person_mean
@@ -81,75 +79,16 @@ def test_no_value_column_is_refused(spark):
         summarize(df, "uid", [], SALT)
 
 
-def _plan_texts(spark, df):
-    """Every printed form of ``df``'s plan: explain's five modes (codegen: the generated Java)."""
-    qe = df._jdf.queryExecution()
-    return {mode: spark._jvm.org.apache.spark.sql.api.python.PythonSQLUtils.explainString(qe, mode)
-            for mode in ("simple", "extended", "codegen", "cost", "formatted")}
-
-
-def test_no_python_udf_and_salt_not_in_plan(spark, path):
-    """No salt (nor a salt derived from it) in any printed form of the summarize, capped and
-    batches passes' plans, on both paths; the native path holds it in ``person_dp_salt`` (a
-    broadcast variable, printed as a random handle), the SQL path joins a one-row table."""
-    from dplib.groups import derive_salt
-    from spark_jobs.spark.batches import person_batches
-    from spark_jobs.spark.grouping import L0_SALT_TAG
-    from spark_jobs.spark.summarize import CAP_SALT_TAG
-
-    df = spark.createDataFrame([("a", 1.0, "c0"), ("a", 2.0, "c1"), ("b", 1.0, "c0")], "uid string, x double, cat string")
-    salts = [SALT] + [derive_salt(SALT, tag) for tag in (CAP_SALT_TAG, L0_SALT_TAG)]
-    passes = {
-        "summarize": summarize(df.select("uid", "x"), "uid", ["x"], SALT),
-        "capped": summarize(df, "uid", ["x"], SALT, max_records_per_person=1),
-        "batches": person_batches(df, "uid", "cat", ["c0"], 1, SALT),
-    }
-    for name, s in passes.items():
-        plan = s._jdf.queryExecution().toString()
-        assert "PythonUDF" not in plan and "BatchEvalPython" not in plan and "ArrowEvalPython" not in plan, name
-        # the salt table is decoded in the JVM (an Arrow table), not produced by a Python worker
-        assert "applySchemaToPythonRDD" not in s._jdf.queryExecution().executedPlan().toString(), name
-        s.collect()  # runs (on the executors of the test cluster: the broadcast reaches them)
-        texts = _plan_texts(spark, s)  # after the run: the adaptive plan is final, codegen is shown
-        assert "WholeStageCodegen" in texts["codegen"] and "Found 0 WholeStageCodegen" not in texts["codegen"], name
-        # the native salt is read in generated code, through the expression object (no value in the text)
-        assert ("saltValue()" in texts["codegen"]) == (path == "native"), name
-        for mode, text in texts.items():
-            for salt in salts:
-                assert salt not in text and salt.upper() not in text, (name, mode)
-            if mode != "codegen":
-                assert ("person_dp_salt" in text) == (path == "native"), (name, mode)
-                assert ("BroadcastNestedLoopJoin" in text) == (path == "sql"), (name, mode)
-
-
-def test_native_salt_expression_prints_its_handle_only(spark):
-    """The jar's salt expression: its value is the salt (as ``sha2`` sees it, in generated and
-    interpreted code), its printed forms show a handle, and one salt has one handle per session."""
-    from spark_jobs.spark import keys, native
-
-    assert native.enabled(spark)
-    fns = spark._jvm.org.apache.spark.sql.persondp.Functions
-    h = keys.salt_handle(spark, SALT)
-    # one handle per salt and session, also when asked again from the JVM side
-    assert str(fns.saltHandle(spark._jsparkSession, keys._salt_table(spark, SALT)._jdf)) == h
-    assert keys.salt_handle(spark, "e1" * 32) != h
-    df = spark.range(3).select(F.expr(f"person_dp_salt('{h}')").alias("s"), F.sha2(F.concat(F.expr(f"person_dp_salt('{h}')"), F.col("id").cast("string")), 256).alias("k"))
-    want = [hashlib.sha256((SALT + str(i)).encode()).hexdigest() for i in range(3)]
-    for codegen in ("true", "false"):
-        spark.conf.set("spark.sql.codegen.wholeStage", codegen)
-        try:
-            rows = df.collect()
-        finally:
-            spark.conf.unset("spark.sql.codegen.wholeStage")
-        assert [r.s for r in rows] == [SALT] * 3 and [r.k for r in rows] == want, codegen
-    for text in _plan_texts(spark, df).values():
-        assert SALT not in text and h in text
-    expr = df._jdf.queryExecution().analyzed().expressions()
-    assert SALT not in expr.toString()
-    with pytest.raises(Exception, match="unknown salt handle"):
-        spark.range(1).select(F.expr("person_dp_salt('not-a-handle')")).collect()
-    with pytest.raises(Exception, match="string literal handle"):
-        spark.range(1).select(F.expr("person_dp_salt(cast(id as string))")).collect()
+def test_no_python_udf_and_salt_not_in_plan(spark):
+    df = spark.createDataFrame([("a", 1.0)], "uid string, x double")
+    s = summarize(df.select("uid", "x"), "uid", ["x"], SALT)
+    plan = s._jdf.queryExecution().toString()
+    assert "PythonUDF" not in plan and "BatchEvalPython" not in plan and "ArrowEvalPython" not in plan
+    # the salt table is decoded in the JVM (an Arrow table), not produced by a Python worker
+    assert "applySchemaToPythonRDD" not in s._jdf.queryExecution().executedPlan().toString()
+    for mode in ("simple", "extended", "codegen", "cost", "formatted"):
+        text = spark._jvm.org.apache.spark.sql.api.python.PythonSQLUtils.explainString(s._jdf.queryExecution(), mode)
+        assert SALT not in text and SALT.upper() not in text, mode
 
 
 def test_person_mean_independent_of_partitioning(spark, path):

@@ -1,6 +1,5 @@
 package org.apache.spark.sql.persondp
 
-import org.apache.spark.sql.Row
 import org.apache.spark.sql.classic.SparkSession
 import org.apache.spark.sql.catalyst.expressions.Expression
 
@@ -8,26 +7,12 @@ import org.apache.spark.sql.catalyst.expressions.Expression
   * Python through py4j: spark_jobs/spark/native.py). */
 object Functions {
   /** The jar's interface version: spark_jobs/spark/native.py refuses a jar of another version. */
-  val VERSION: Int = 5
+  val VERSION: Int = 4
 
   /** The Spark version this jar is compiled against (keep equal to the pom's spark.version). */
   val SPARK_VERSION: String = "4.2.0"
 
-  /** The handle of the run's salt in `spark` (see Salt.scala): `person_dp_salt('<handle>')` is
-    * the salt as a column value that never prints. The salt arrives as the one string row of
-    * `salt` (a DataFrame the Python side makes from an Arrow table), not as a py4j argument:
-    * py4j's debug log prints the text of every command it sends, arguments included. */
-  def saltHandle(spark: SparkSession, salt: org.apache.spark.sql.Dataset[Row]): String = {
-    val rows = salt.collect()
-    if (rows.length != 1 || rows(0).length != 1 || !rows(0).get(0).isInstanceOf[String]) {
-      throw new IllegalArgumentException("saltHandle takes a DataFrame of one row holding one string")
-    }
-    Salts.handle(spark, rows(0).getString(0))
-  }
-
   def register(spark: SparkSession): Unit = {
-    spark.sessionState.functionRegistry.createOrReplaceTempFunction(
-      "person_dp_salt", (children: Seq[Expression]) => SaltFunction.build(children), "scala_udf")
     spark.sessionState.functionRegistry.createOrReplaceTempFunction(
       "person_dp_exact_sum",
       (children: Seq[Expression]) => {
