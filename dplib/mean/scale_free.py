@@ -16,7 +16,7 @@ scale s, the range R) replaced by private estimates (:mod:`dplib.mean.ranges`). 
                                                           centroid of its neighbourhood -> c
  2b   centre zoom             0.03 (only when the bulk    pure histogram of bins r/8 over
                               sits in two centre bins)    [c - 2r, c + 2r] (r = W/8); its centroid
-                                                          replaces c when its top bins hold >= 60%
+                                                          replaces c when its top bins hold >= 80%
                                                           of the first one's persons
  3    deviation profile       0.10 (0.20 after retry)     pure histogram of |Y - c| on half
                                                           octaves (small data: octaves) -> tail
