@@ -81,12 +81,13 @@ CENTRE_BINS = 8
 #: noise would pull it); the first centre's is unchanged, so a run without the zoom releases what
 #: it released before the zoom existed. Person means narrower
 #: than the centre's bins (m = 100 records of N(5, 1): sd 0.1 against bins of 0.5) had the
-#: centre 0.4 sd off, a count weight of 1.8 sd and radii of 3.6-4.0 sd; numpy twins, 60 seeds,
-#: median |error| / the p1/p99 anchor's: Gaussian 1,000 persons m = 100 1.93 -> 1.10 (mean at
-#: 5.2: 1.98 -> 1.38), uniform 2.32 -> 1.58, Gaussian m = 10 1.21 -> 0.80, Lomax 2.5 m = 10
-#: 1.77 -> 0.75 (coverage 0.68 -> 0.83); real columns whose bulk spans more bins (nlswork) do
-#: not zoom and spend nothing on it. Small data (after a range retry) does not zoom (not measured
-#: there).
+#: centre 0.4 sd off, a count weight of 1.8 sd and radii of 3.6-4.0 sd. Paired (same data and
+#: seeds, 30 each; benchmarks/anchors/README.md, "The centre zoom"): the fine stage's noise scale
+#: 0.76-0.81x on such bulks (Gaussian / uniform m = 100, 10^3-10^5 persons), 1.04-1.05x where the
+#: zoom runs and is not kept (its 3%); on Lomax 2.5 person means of 100 records the clipping
+#: bias 1.6e-3 -> ~0 at 10^4 persons (bars covering 0.07 -> 1.00 in the anchors grid). Real
+#: columns whose bulk spans more bins (nlswork, flights) do not zoom and spend nothing on it.
+#: Small data (after a range retry) does not zoom (not measured there).
 ZOOM_SHARE = 0.03
 ZOOM_PAIR_SHARE = 0.8
 ZOOM_BINS = 8
@@ -198,8 +199,7 @@ class StageShares:
     centre: float = CENTRE_SHARE
     profile: float = PROFILE_SHARE
     balance: float = BALANCE_SHARE
-    #: The centre zoom's share (:data:`ZOOM_SHARE`); 0: no zoom, and the centre's centroid as
-    #: before it (no noise floor).
+    #: The centre zoom's share (:data:`ZOOM_SHARE`); 0: no zoom stage.
     zoom: float = 0.0
     boost: float = SMALL_DATA_BOOST
     centre_boost: float = SMALL_CENTRE_BOOST
