@@ -25,6 +25,16 @@ class Run:
     extra: dict = field(default_factory=dict)
 
 
+#: An anchor counts as a cell's best only with at least this many runs (or as many as ours, if
+#: fewer). The median of k draws of |Laplace| has a relative standard deviation of about
+#: 0.83 / sqrt(k): 48% at k = 3 (PipelineDP on the largest cells, whose row budget allows 3 seeds),
+#: 15% at 30; the minimum over anchors then picks the lucky one. In the grid of 2026-12-07 (30
+#: seeds), Gaussian 10^5 m = 100 read 3.70x against a 3-seed PipelineDP median and 0.80x against
+#: the 30-seed OpenDP median of the same construction (uniform 10^5 m = 1: 2.10x / 1.05x; m = 100:
+#: 1.56x / 0.54x). Such anchors are still printed, in every table.
+QUALIFY_RUNS = 30
+
+
 @dataclass
 class CellResult:
     cell: Cell
@@ -75,9 +85,19 @@ class CellResult:
     def anchors(self, kind: str) -> list[str]:
         return [m for m in self.runs if m != "ours" and m.endswith(kind)]
 
+    def qualifying_runs(self) -> int:
+        """Runs an anchor needs to count as the cell's best: as many as ours, at most QUALIFY_RUNS."""
+        return min(len(self.runs.get("ours", [])), QUALIFY_RUNS)
+
+    def qualified(self, kind: str) -> list[str]:
+        """The anchors of ``kind`` run on at least :meth:`qualifying_runs` seeds (all when none is)."""
+        need = self.qualifying_runs()
+        ok = [m for m in self.anchors(kind) if len(self.runs[m]) >= need]
+        return ok or self.anchors(kind)
+
     def best_anchor(self, kind: str) -> tuple[str | None, float]:
         best, val = None, math.inf
-        for m in self.anchors(kind):
+        for m in self.qualified(kind):
             v = self.stats(m)["median"]
             if v < val:
                 best, val = m, v
@@ -129,7 +149,8 @@ def print_tables(results: list[CellResult]) -> None:
             s = r.stats(m)
             print(f"{r.cell.name:<30}{m:<18}{s['runs']:>5}{fmt(s['median']):>11}{fmt(s['p90']):>11}"
                   f"{fmt(s['failure_rate'], '.2f'):>6}{fmt(s['median_relative']):>10}{s['seconds']:>7.1f}")
-    print("\n== ours vs the best anchor (smallest median error) per bound choice; ours' error bar ==")
+    print("\n== ours vs the best anchor (smallest median error among anchors run on >= min(ours' runs, "
+          f"{QUALIFY_RUNS}) seeds) per bound choice; ours' error bar ==")
     print(f"{'cell':<30}{'n':>7}{'ours med':>10}{'best p1/p99':>24}{'ratio':>7}{'best 10x':>21}{'ratio':>7}"
           f"{'fail':>6}{'cover':>7}{'bar/p90':>8}{'flag':>6}{'sec':>6}")
     for r in results:
@@ -181,12 +202,12 @@ def targets(results: list[CellResult]) -> list[tuple[str, str, list[str]]]:
 
     def small_ok(r: CellResult) -> bool:
         s = r.stats("ours")
-        a = [r.stats(m)["median_relative"] for m in r.anchors("p1/p99")]
+        a = [r.stats(m)["median_relative"] for m in r.qualified("p1/p99")]
         return (1.0 - s["failure_rate"]) >= 0.95 and s["median_relative"] <= 2.0 * min(a)
 
     def small_txt(r: CellResult) -> str:
         s = r.stats("ours")
-        a = {m: r.stats(m)["median_relative"] for m in r.anchors("p1/p99")}
+        a = {m: r.stats(m)["median_relative"] for m in r.qualified("p1/p99")}
         best = min(a, key=a.get)
         return (f"released {fmt(1.0 - s['failure_rate'], '.2f')} of {s['runs']} runs; median relative error "
                 f"{fmt(s['median_relative'])} vs {best} {fmt(a[best])} ({fmt(s['median_relative'] / a[best], '.2f')}x)")

@@ -137,7 +137,7 @@ __all__ = [
 ]
 
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
-ALGORITHM_VERSION = "12"  # 12: the centre zoom (stage 2b: a finer centre histogram when the bulk sits in two centre bins, ZOOM_SHARE of epsilon when it runs; its centroid weighs noisy counts less 2 noise scales; kept when its top bins hold >= 80% of the first one's persons); runs without it release what version 11 released. Person means narrower than the centre bins: Gaussian m = 100, 1,000 persons median |error| 0.000744 -> 0.000598 (anchors grid, 30 seeds), uniform m = 100 0.000682 -> 0.000374; Lomax 2.5 m = 100 at 10^4 / 10^5 persons: bars covering 0.07 / 0.03 -> 1.00 / 0.97; 11: flagged when over 33% of the persons could sit unseen beyond the profile (unseen_flag; PSID married, 595 persons at epsilon 0.3: 9 unflagged misses of 30 -> 0); a profile that ends sharply (>= 5% of persons beyond its last measured edge, 10x what could hide beyond its visible top) clips at 1.5x its reach (sharp_end): a 0/1 column of 11,423 persons, median error 0.00128 -> 0.00071; 40 other cells unchanged; 10: no bar (flagged) when the range stays at the zero floor (at_zero_floor: 2,000 persons 97% at 0, epsilon 0.3: bars of 5e-302 against exact means of ~0.02, 2 of 6 unflagged); 9: the small-data radius cap is SMALL_REACH x max(the profile's reach, the centre's bin width) (a profile that sees nothing clipped 100 Gaussian persons at 0.4 sd in 14% of runs); 8: a pooled third range run (pure, 4 octaves per bucket) when the first two release nothing (jtrain firms, 128-155 persons: employ and sales released in 95-100% of runs instead of 0-5%); a first range of only the zero bucket (a zero-inflated column) runs the retry (3 octaves per bucket; wagepan shares of years in a state, 70-82% zeros: |error| 0.07-0.20 -> 0.008-0.03), and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
+ALGORITHM_VERSION = "13"  # 13: a sharp end (SHARP_END_SURVIVAL) clips at 1.0x the profile's reach (was 1.5x), also when the tails read light and symmetric: uniform person means at 10^4 / 10^5 persons, median |error| 1.68x / 1.70x -> 1.28x / 1.21x the pinned anchor's (paired, 40 seeds); 12: the centre zoom (stage 2b: a finer centre histogram when the bulk sits in two centre bins, ZOOM_SHARE of epsilon when it runs; its centroid weighs noisy counts less 2 noise scales; kept when its top bins hold >= 80% of the first one's persons); runs without it release what version 11 released. Person means narrower than the centre bins: Gaussian m = 100, 1,000 persons median |error| 0.000744 -> 0.000598 (anchors grid, 30 seeds), uniform m = 100 0.000682 -> 0.000374; Lomax 2.5 m = 100 at 10^4 / 10^5 persons: bars covering 0.07 / 0.03 -> 1.00 / 0.97; 11: flagged when over 33% of the persons could sit unseen beyond the profile (unseen_flag; PSID married, 595 persons at epsilon 0.3: 9 unflagged misses of 30 -> 0); a profile that ends sharply (>= 5% of persons beyond its last measured edge, 10x what could hide beyond its visible top) clips at 1.5x its reach (sharp_end): a 0/1 column of 11,423 persons, median error 0.00128 -> 0.00071; 40 other cells unchanged; 10: no bar (flagged) when the range stays at the zero floor (at_zero_floor: 2,000 persons 97% at 0, epsilon 0.3: bars of 5e-302 against exact means of ~0.02, 2 of 6 unflagged); 9: the small-data radius cap is SMALL_REACH x max(the profile's reach, the centre's bin width) (a profile that sees nothing clipped 100 Gaussian persons at 0.4 sd in 14% of runs); 8: a pooled third range run (pure, 4 octaves per bucket) when the first two release nothing (jtrain firms, 128-155 persons: employ and sales released in 95-100% of runs instead of 0-5%); a first range of only the zero bucket (a zero-inflated column) runs the retry (3 octaves per bucket; wagepan shares of years in a state, 70-82% zeros: |error| 0.07-0.20 -> 0.008-0.03), and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
 STAGE_FINE = "fine clip-and-noise"
 STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2, STAGE_CENTRE, STAGE_ZOOM, STAGE_PROFILE, STAGE_BALANCE, STAGE_FINE)
 #: The radius never exceeds this multiple of how far the profile measures (:func:`measured_reach`).
@@ -152,15 +152,22 @@ RADIUS_REACH = 8.0
 #: A sharp end: the profile's last measured survival is at least SHARP_END_SURVIVAL of the persons,
 #: and those persons are at least SHARP_END_FACTOR times the count that could hide beyond its
 #: highest visible bin (:func:`unseen_persons`), so nearly all of them sit in the next bin and none
-#: is seen beyond: the radius is at most SHARP_END_REACH times how far the profile measures, as for
-#: light symmetric tails (parameter ``sharp_end``). Two atoms (a 0/1 column's person means, many at
-#: 0 and at 1) end that way; the tail model anchored at the last measured edge read them as a
-#: Gaussian tail of their own width and clipped at ~4 widths (STAR ses_free, 11,423 persons,
-#: epsilon 1, numpy 20 seeds: median error 0.00128 -> 0.00071, bars covering 11/13 -> 13/13). On
-#: the 40 other cells measured (the anchors' real columns, wagepan's 0/1 shares at 545 persons,
-#: Gaussian, uniform and Lomax at 1,000 and 10,000 persons) it never fires: identical releases.
-#: Without the unseen-persons factor it fired on small panels whose profile stops early for lack
-#: of persons (wagepan exper 6.5x worse). The bar keeps the conservative model.
+#: is seen beyond: the radius is at most SHARP_END_REACH times how far the profile measures (the
+#: top of the bin that holds them), whether or not the tails also read light and symmetric
+#: (parameter ``sharp_end``). Two atoms (a 0/1 column's person means, many at 0 and at 1) end that
+#: way; the tail model anchored at the last measured edge read them as a Gaussian tail of their own
+#: width and clipped at ~4 widths (STAR ses_free, 11,423 persons, epsilon 1, numpy 20 seeds: median
+#: error 0.00128 -> 0.00071, bars covering 11/13 -> 13/13). Uniform person means (m = 1) end that
+#: way at 10^4 persons and more: version 12 clipped them at 1.5 x the reach (3.0 sd, their largest
+#: |Y - c| 1.74-1.93 sd) and, when the tails also read light and symmetric, skipped the rule; at
+#: 1.0 x and for both (version 13): 2.0 sd, anchors grid paired, 40 seeds, median |error| over the
+#: pinned anchor's (its mechanism simulated, 50 draws a seed) 1.68x -> 1.28x at 10^4 persons and
+#: 1.70x -> 1.21x at 10^5, bars covering 36 -> 40 and 40 -> 40 of 40. On the 16 other cells of
+#: that run (Gaussian m = 1 at 10^3-10^5, uniform 10^3 m = 1 and 10^4 m = 10, the 4 nlswork
+#: columns, flights air_time and distance, wagepan lwage, exper and educ, RandHIE mdvis and meddol)
+#: the releases were identical. Without the unseen-persons factor it fired on small
+#: panels whose profile stops early for lack of persons (wagepan exper 6.5x worse). The bar keeps
+#: the conservative model.
 #: ``tail_flag`` (``unseen_flag``) when more than this share of the DP person count could sit far
 #: beyond the deviation profile's visible top unseen (:func:`unseen_persons`): the bar assumes no
 #: such group. A new user's PSID panel (595 persons) at epsilon 0.3: shares 0.34-0.48, the 0/1
@@ -170,7 +177,7 @@ RADIUS_REACH = 8.0
 #: (0.03-0.10); at 100 persons every release is now flagged (22 -> 30 of 30 Gaussian).
 UNSEEN_FLAG_SHARE = 0.33
 SHARP_END_SURVIVAL = 0.05
-SHARP_END_REACH = 1.5
+SHARP_END_REACH = 1.0
 SHARP_END_FACTOR = 10.0
 #: Small data (stage 1 needed its retry): the radius balances noise against the bias of the point fit
 #: of the tail (at least SMALL_RADIUS_NU; its one-sd lower bound from a few measured bins is often
@@ -433,10 +440,10 @@ def scale_free_person_mean(
     reach = radius_cap(setup)
     capped = rho > reach
     rho = min(rho, reach)
-    ended = sharp_end(setup) and not light_symmetric
+    ended = sharp_end(setup)
     if light_symmetric:  # light, two-sided tails: clip where the profile stops measuring, x 1.5
         rho = min(rho, REACH_FACTOR * setup.reach)
-    elif ended:  # two atoms, or a column that stops: nothing seen beyond the next bin
+    if ended:  # two atoms, or a column that stops (uniform): nothing seen beyond the reach's bin
         rho = min(rho, SHARP_END_REACH * setup.reach)
     # the bound of the bar (bar_tail); not halved for two balanced tails
     # (the clipped excesses of a long and a short tail with equal counts do not offset: flight

@@ -1029,6 +1029,35 @@ def test_a_sharp_end_clips_two_atoms_near_the_profile_reach(monkeypatch):
     assert covered >= bars - 1 and bars >= 3  # the others: a flat survival fitted as nu 0.5, no bar, flagged (as before)
 
 
+def test_a_sharp_end_clips_uniform_means_at_the_reach(monkeypatch):
+    """Uniform person means (10,000 persons on 5 +- sqrt 3, sd 1, epsilon 1, 10 seeds): the
+    profile ends in the bin holding the edge (|Y - c| <= ~1.9), the sharp end fires in every run,
+    also where the tails read light and symmetric, and the radius is that bin's top, 2.0 (at the
+    version-12 factor 1.5: 3.0); the root mean square error at most 0.8x (measured 0.70x: the noise
+    scales with the radius, nothing is clipped at either) and every bar covering."""
+    import dplib.mean.scale_free as sf
+
+    radii: dict = {}
+    rms: dict = {}
+    for factor in (1.0, 1.5):
+        monkeypatch.setattr(sf, "SHARP_END_REACH", factor)
+        errs, radii[factor] = [], []
+        for s in range(10):
+            y = np.random.default_rng([s, 13]).uniform(5.0 - math.sqrt(3.0), 5.0 + math.sqrt(3.0), 10_000)
+            be = NumpyAggregates({"v": y}, np.random.default_rng([s, 7]).integers(0, 2**32, y.size))
+            rel = scale_free_person_mean(be, "v", ScaleFreeMeanPlan(budget=Budget(1.0, 1e-6)), SeededNoise(s))
+            assert rel.status == STATUS_OK and rel.parameters["sharp_end"] is True
+            err = abs(rel.estimate - y.mean())
+            errs.append(err)
+            radii[factor].append(rel.parameters["clipping_radius"])
+            if factor == 1.0:
+                assert err <= rel.error_bar
+        rms[factor] = float(np.sqrt(np.mean(np.square(errs))))
+    assert max(radii[1.0]) <= 2.0 + 1e-9 and min(radii[1.0]) >= float(np.max(np.abs(y - 5.0))), radii[1.0]
+    assert min(radii[1.5]) >= 2.9, radii[1.5]
+    assert rms[1.0] <= 0.8 * rms[1.5], rms
+
+
 def test_a_sharp_end_does_not_fire_on_a_light_continuous_column():
     """Gaussian person means (10,000 persons, epsilon 1, 10 seeds): the last measured survival is
     a few per cent at most and near what could hide beyond the visible top: never a sharp end."""
