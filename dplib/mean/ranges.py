@@ -417,8 +417,8 @@ def window_center_fit(
     sparse = backend.histogram(column, r, offset, group, clamp=clamp)
     if not fold:
         sparse = {j: c for j, c in sparse.items() if 0 <= j < n_bins}
-    return window_center_from_counts(sparse, epsilon, noise, lower, upper, bins_per_range, refine, pad_bins,
-                                     floor_scales=floor_scales, full=True)
+    return centre_fit_from_counts(sparse, epsilon, noise, lower, upper, bins_per_range, refine, pad_bins,
+                                  floor_scales=floor_scales)
 
 
 def window_bins(lower: float, upper: float, bins_per_range: int, pad_bins: int | None = None) -> tuple[float, float, int]:
@@ -435,7 +435,7 @@ def window_bins(lower: float, upper: float, bins_per_range: int, pad_bins: int |
     return r, lower - pad_bins * r, bins_per_range + 2 * pad_bins
 
 
-def window_center_from_counts(
+def centre_fit_from_counts(
     sparse: dict[int, int],
     epsilon: float,
     noise: NoiseSource,
@@ -445,12 +445,10 @@ def window_center_from_counts(
     refine: bool = False,
     pad_bins: int | None = None,
     floor_scales: float = 0.0,
-    full: bool = False,
-):
-    """:func:`window_center` from the exact counts of the window's bins (bins outside
-    ``[0, n_bins)`` are folded into the edge bins, as the clamp does); noised here. ``full``:
-    a :class:`CentreFit` instead of ``(center, bin_width)``; ``floor_scales``: as
-    :func:`window_center_fit`."""
+) -> CentreFit:
+    """:func:`window_center_fit` from the exact counts of the window's bins (bins outside
+    ``[0, n_bins)`` are folded into the edge bins, as the clamp does); noised here.
+    ``floor_scales``: as :func:`window_center_fit`. epsilon-DP (one person in one bin)."""
     r, offset, n_bins = window_bins(lower, upper, bins_per_range, pad_bins)
     dense = np.zeros(n_bins)
     for j, c in sparse.items():
@@ -466,12 +464,26 @@ def window_center_from_counts(
         wts = np.maximum(noisy[js] - floor_scales / epsilon, 0.0)
         if wts.sum() > 0:
             center = offset + (float(np.dot(wts, js + 0.5)) / float(wts.sum())) * r
-    if not full:
-        return center, r
     local = float(noisy[js].sum())
     beside = [float(noisy[j]) for j in (j_star - 1, j_star + 1) if 0 <= j < n_bins]
     pair = float(noisy[j_star]) + (max(beside) if beside else 0.0)
     return CentreFit(center, r, local, pair / local if local > 0 else 0.0)
+
+
+def window_center_from_counts(
+    sparse: dict[int, int],
+    epsilon: float,
+    noise: NoiseSource,
+    lower: float,
+    upper: float,
+    bins_per_range: int = 8,
+    refine: bool = False,
+    pad_bins: int | None = None,
+) -> tuple[float, float]:
+    """:func:`window_center` from the exact counts of the window's bins: ``(center, bin_width)``
+    of :func:`centre_fit_from_counts` (the same noise draws)."""
+    fit = centre_fit_from_counts(sparse, epsilon, noise, lower, upper, bins_per_range, refine, pad_bins)
+    return fit.center, fit.bin_width
 
 
 @dataclass(frozen=True)
