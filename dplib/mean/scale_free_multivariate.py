@@ -122,7 +122,7 @@ from dplib.mechanisms import NoiseSource, gaussian_sigma, pure_dp_histogram
 from dplib.seam import Aggregates
 
 ALGORITHM = "agarwal2024-multivariate-person-mean/scale-free"
-ALGORITHM_VERSION = "9"  # 9: a coordinate scale is at least its upper quantiles' (0.75, 0.9) normal-equivalent over 2, read from a profile the noise floor leaves >75% of (quantile_scale_floor): a 0/1 indicator's scale was its near atom's distance (0.09 against an sd of 0.47) and the covariance of two test scores beside it came out >50% off in 14 of 40 releases on 11,423 persons, unflagged -> 0; a lost range at the zero bucket says so; a release whose norm profile measured nothing is flagged uninformative (PSID d = 4 at epsilon 0.3: 40 of 40, 16-300 sds off, unflagged); 8: a coordinate whose range stays at the zero bucket (at_zero_floor) leaves the norm profile (the radius no longer 130-190 on a 94%-zero column: the other coordinates up to 1.7 sd -> at most 0.66 sd off (median 0.045) on 2,000 persons) and the release has no bar, flagged (the bar was the zero bucket's scale, ~1e-12, against an exact mean of 0.03); 7: a coordinate whose first range is the zero bucket alone retries (keeping it if the retry releases nothing), and goes on to the second and joint retries while still at the zero bucket (the clipped covariance on RandHIE: 7 of 20 runs released -> 20 of 20): RandHIE d = 4 released 10/20 -> 20/20 runs, a 93%-zero coordinate at 20,000 persons 100% -> 1.2% off; 6: the joint-norm range retry, its shared scale, the scale cap, the lost-range stop; 5: pure-DP range retries over public two-octave buckets (0.10 / 0.15); 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
+ALGORITHM_VERSION = "10"  # 10: flagged (tail_flag) when over 50% of the DP count could sit beyond the norm profile unseen (unseen_flag) or its strict floor dropped far bins holding over 1% of it as noise (far_unconfirmed_flag): a 0/1-like share beside a wage, 595 persons, 30 seeds, unflagged releases missing by more than 3 bars 2 -> 0 at epsilon 0.3 (7 and 24 bars; flagged 5 -> 22) and 1 -> 0 at epsilon 1 (27 bars; flagged 13 -> 16); estimates unchanged; 9: a coordinate scale is at least its upper quantiles' (0.75, 0.9) normal-equivalent over 2, read from a profile the noise floor leaves >75% of (quantile_scale_floor): a 0/1 indicator's scale was its near atom's distance (0.09 against an sd of 0.47) and the covariance of two test scores beside it came out >50% off in 14 of 40 releases on 11,423 persons, unflagged -> 0; a lost range at the zero bucket says so; a release whose norm profile measured nothing is flagged uninformative (PSID d = 4 at epsilon 0.3: 40 of 40, 16-300 sds off, unflagged); 8: a coordinate whose range stays at the zero bucket (at_zero_floor) leaves the norm profile (the radius no longer 130-190 on a 94%-zero column: the other coordinates up to 1.7 sd -> at most 0.66 sd off (median 0.045) on 2,000 persons) and the release has no bar, flagged (the bar was the zero bucket's scale, ~1e-12, against an exact mean of 0.03); 7: a coordinate whose first range is the zero bucket alone retries (keeping it if the retry releases nothing), and goes on to the second and joint retries while still at the zero bucket (the clipped covariance on RandHIE: 7 of 20 runs released -> 20 of 20): RandHIE d = 4 released 10/20 -> 20/20 runs, a 93%-zero coordinate at 20,000 persons 100% -> 1.2% off; 6: the joint-norm range retry, its shared scale, the scale cap, the lost-range stop; 5: pure-DP range retries over public two-octave buckets (0.10 / 0.15); 4: tail-flag rules; confirm_isolated_bins keeps the overflow bin's raw count
 
 STAGE_RANGES = "coordinate ranges"
 STAGE_RANGES_RETRY = "coordinate ranges (retry)"
@@ -216,6 +216,23 @@ ZERO_ATOM_NORM_SCALE = 1e300
 #: the mass has not begun to fall; seen: survival 1 at every measured edge up to 0.7 scaled units,
 #: 74% of persons clipped at 2.5 with a bias bound of 0.14, an entry off by 9 bars).
 UNMEASURED_TAIL_SURVIVAL = 0.5
+#: ``tail_flag`` (``unseen_flag``) when more persons than this share of the DP count could sit
+#: beyond the norm profile's highest visible bin unseen (:func:`unseen_persons`): the bar assumes
+#: no such group (as the univariate mean's ``UNSEEN_FLAG_SHARE``, 0.33; the norm profile's share is
+#: higher at the same persons: Gaussian d = 4 at epsilon 1, 300 persons, 0.41-0.43 where the
+#: univariate reads up to 0.33).
+UNSEEN_FLAG_SHARE_NORMS = 0.5
+#: ``tail_flag`` (``far_unconfirmed_flag``) when the far bins of the norm profile that
+#: :func:`~dplib.mean.ranges.confirm_isolated_bins` reads as noise (visible above the noise floor,
+#: under its strict floor) hold noisy persons above this share of the DP count: a far cluster too
+#: small for the budget to confirm and large enough to move the estimate by many bars. A 0/1-like
+#: share (455 of 595 persons at 1, 90 at 0) beside a wage-like column at epsilon 1: its scale
+#: 0.012 puts the 90 at ~85 scaled units, their bin (16% of the persons) was dropped, the radius
+#: came out 5.4 and the share was released 0.15 off under a bar of 0.0055 (27 bars), unflagged, in
+#: 1 of 30 runs; the rule flags the 4 runs that dropped 12-14% (that one among them). On ordinary data
+#: dropping happens in 0-3% of runs (Gaussian d = 4 at 300, 1,000, 4,000 persons; uniform d = 3 at
+#: 1,000; Lomax 1.5 d = 4 at 1,000 and 4,000; 20-40 runs each at epsilon 1), 2.6-6.8% of persons.
+FAR_UNCONFIRMED_SHARE = 0.01
 #: The text of a release without a bar because the norm profile measured nothing (``norm_profile_empty``).
 NORM_PROFILE_EMPTY = (
     "nothing: the norm profile measured none of the tail of the persons' deviation norms at this budget (its "
@@ -837,8 +854,12 @@ def scale_free_multivariate_mean(
         norm_scales[zero_atoms] = ZERO_ATOM_NORM_SCALE
         params["norm_profile_without"] = list(zero_atoms)
     counts = backend.norm_log_histogram(columns, centre, norm_scales, group, HALF_OCTAVE)
-    profile = confirm_isolated_bins(deviation_profile_from_counts(counts, b.epsilon, noise, low, high, HALF_OCTAVE))
+    released = deviation_profile_from_counts(counts, b.epsilon, noise, low, high, HALF_OCTAVE)
     del counts
+    profile = confirm_isolated_bins(released)
+    # noisy persons in the far bins read as noise (visible, under the strict floor): post-processing
+    dropped = (released.weights > 0) & (profile.weights == 0)
+    far_unconfirmed = float(np.sum(np.asarray(released.raw_weights)[dropped])) if np.any(dropped) else 0.0
     model, fitted_nu, nu_used, tail_flag, overflow = tail_from_profile(profile, b.epsilon, plan.k)
     # Did the profile measure any of the tail? Not when nothing is measured beyond its first edge
     # (every survival count under its detection limit) or more than UNMEASURED_TAIL_SURVIVAL of the
@@ -905,6 +926,13 @@ def scale_free_multivariate_mean(
     if zero_atoms:  # flagged too: the non-zero persons are a tail no stage could see
         error_bar = None
         tail_flag = True
+    # up to that many persons could sit beyond what the norm profile saw (post-processing): over
+    # UNSEEN_FLAG_SHARE_NORMS of the DP count, the bar's assumption (no such group) carries too much
+    unseen = unseen_persons(profile, b.epsilon)
+    unseen_flag = bool(error_bar is not None and unseen > UNSEEN_FLAG_SHARE_NORMS * max(fin.n_noisy, n_hat, 1.0))
+    far_flag = bool(error_bar is not None and far_unconfirmed > FAR_UNCONFIRMED_SHARE * max(fin.n_noisy, n_hat, 1.0))
+    warned_tail = tail_flag
+    tail_flag = tail_flag or unseen_flag or far_flag
     eps, delta = composed_cost(accountant.charges[start:])
     params.update(
         {
@@ -921,7 +949,9 @@ def scale_free_multivariate_mean(
             "profile_overflow_share": round(overflow, 4),
             "final_epsilon": b_final.epsilon,
             "noise_sd": [float(x) for x in fin.sigma / fin.denom * scales],
-            "unseen_persons": round(unseen_persons(profile, b.epsilon), 1),
+            "unseen_persons": round(unseen, 1),
+            "unseen_flag": unseen_flag,
+            "far_unconfirmed_flag": far_flag,
             "norm_profile_empty": norm_profile_empty,
             # flagged: when the norm profile measured nothing the centre and scales rested on too
             # few persons for this epsilon (a new user's PSID d = 4 at epsilon 0.3: all 40 seeded
@@ -942,12 +972,22 @@ def scale_free_multivariate_mean(
             "the exact dataset statistic, per coordinate, at 90%: the final Gaussian noise (sum and "
             "count) and a DP bound on the clipping bias from the fitted tail of the deviation norms"
         ) + unseen_note(profile, b.epsilon, n_hat, "deviation norms")
-        if tail_flag:
+        if warned_tail:
             covers += (
                 "; WARNING (tail_flag): the deviation norms look heavy-tailed ("
                 f"{tail_flag_reason(model.nu, overflow, 'norm histogram')}); the bias bound "
                 "assumes that tail continues as fitted, which the data may break"
             )
+        elif far_flag:
+            covers += ("; WARNING (tail_flag): the norm profile read a far bin holding a few per cent of the persons "
+                       "as noise (too few for this budget to confirm it, too many to ignore: a column of two values, "
+                       "e.g. 0/1, puts its far value there), and the bar assumes no persons there: more persons or "
+                       "epsilon, fewer columns at a time, or declare bounds")
+        elif unseen_flag:
+            covers += (f"; WARNING (tail_flag): over {UNSEEN_FLAG_SHARE_NORMS:.0%} of the persons could sit beyond what "
+                       "the norm profile measured at this budget, and the bar assumes none do (a column of two values, "
+                       "e.g. 0/1, hides its far value this way): more persons or epsilon, fewer columns at a time, "
+                       "or declare bounds")
     if norm_profile_empty and error_bar is not None:
         covers += ("; WARNING (uninformative): the norm profile measured none of the persons' spread at this "
                    "budget: the centre and scales rest on too few persons, and the estimate may be many standard "
