@@ -27,8 +27,8 @@ class Run:
 
 #: An anchor counts as a cell's best only with at least this many runs (or as many as ours, if
 #: fewer). The median of k draws of |Laplace| has a relative standard deviation of about
-#: 0.83 / sqrt(k): 48% at k = 3 (PipelineDP on the largest cells, whose row budget allows 3 seeds),
-#: 15% at 30; the minimum over anchors then picks the lucky one. In the grid of 2026-12-07 (30
+#: 1.44 / sqrt(k) for large k (simulated: 72% at k = 3, PipelineDP on the largest cells, whose row
+#: budget allows 3 seeds; 26% at 30); the minimum over anchors then picks the lucky one. In the grid of 2026-12-07 (30
 #: seeds), Gaussian 10^5 m = 100 read 3.70x against a 3-seed PipelineDP median and 0.80x against
 #: the 30-seed OpenDP median of the same construction (uniform 10^5 m = 1: 2.10x / 1.05x; m = 100:
 #: 1.56x / 0.54x). Such anchors are still printed, in every table.

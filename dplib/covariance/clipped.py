@@ -61,7 +61,7 @@ from dplib.mechanisms.basic import clamp_exact
 from dplib.seam import Aggregates
 
 ALGORITHM = "clipped-covariance/scale-free (CoinPress-style)"
-ALGORITHM_VERSION = "10"  # 10: stage 1 (the multivariate mean, version 9) floors each coordinate scale by its upper quantiles (a 0/1 indicator beside two test scores: variances >50% off in 14 of 40 releases, unflagged -> 0); 9: no bar (flagged) when stage 1's norm profile measured no tail (norm_profile_empty: nothing beyond its first edge, or over half the persons beyond its furthest measured edge; 532 persons at epsilon 0.5: entries missed by up to 199 bars, unflagged); 8: no bar when stage 1 (the multivariate mean, version 8) kept a zero-atom coordinate (countymurders execs: a variance bar of 2e-23 against an exact 3e-3); 7: stage 1 (the multivariate mean, version 7) retries a coordinate whose first range is the zero bucket alone; 6: the small-data layout (from the auto covariance's DP count: SMALL_MEAN_SHARE, SMALL_STAGE1, the multivariate mean's zoom, local scale median and radius clamp); 5: stage 1 (the multivariate mean, version 6) falls back to a joint-norm range instead of a second per-coordinate retry; 4: its stage 1 (the multivariate mean, version 5) retries its ranges with pure-DP buckets
+ALGORITHM_VERSION = "11"  # 11: stage 1 (the multivariate mean, version 10) also flags a release whose norm profile read a far bin holding over 1% of the persons as noise, or could miss over half of them (stage1_far_unconfirmed_flag, stage1_unseen_flag; the text says which); 10: stage 1 (the multivariate mean, version 9) floors each coordinate scale by its upper quantiles (a 0/1 indicator beside two test scores: variances >50% off in 14 of 40 releases, unflagged -> 0); 9: no bar (flagged) when stage 1's norm profile measured no tail (norm_profile_empty: nothing beyond its first edge, or over half the persons beyond its furthest measured edge; 532 persons at epsilon 0.5: entries missed by up to 199 bars, unflagged); 8: no bar when stage 1 (the multivariate mean, version 8) kept a zero-atom coordinate (countymurders execs: a variance bar of 2e-23 against an exact 3e-3); 7: stage 1 (the multivariate mean, version 7) retries a coordinate whose first range is the zero bucket alone; 6: the small-data layout (from the auto covariance's DP count: SMALL_MEAN_SHARE, SMALL_STAGE1, the multivariate mean's zoom, local scale median and radius clamp); 5: stage 1 (the multivariate mean, version 6) falls back to a joint-norm range instead of a second per-coordinate retry; 4: its stage 1 (the multivariate mean, version 5) retries its ranges with pure-DP buckets
 STAGE_MEAN = "mean: "
 STAGE_SECOND = "second moment"
 #: Epsilon share of stage 1, and the shares of its centre, scale and norm-profile stages (of stage
@@ -534,6 +534,9 @@ def clipped_covariance(
             "stage1_tail_nu_used": p1.get("tail_nu_used"),
             # how many persons could sit far beyond stage 1's norm profile unseen (its bar assumes none)
             "unseen_persons": p1.get("unseen_persons"),
+            # stage 1's flags for persons its norm profile could not see (they set tail_flag too)
+            "stage1_unseen_flag": bool(p1.get("unseen_flag", False)),
+            "stage1_far_unconfirmed_flag": bool(p1.get("far_unconfirmed_flag", False)),
             # which range stages stage 1 ran (DP outcomes): the per-coordinate retry's coordinates
             # and the joint-norm retry's (their ranges [-U, U], coarser than a coordinate's own)
             "stage1_range_retried_coordinates": p1.get("range_retried_coordinates", []),
@@ -563,7 +566,14 @@ def clipped_covariance(
             covers += (f"; up to ~{p1['unseen_persons']:.0f} persons far beyond what stage 1's norm profile measured "
                        "would go unseen at this budget (parameters.unseen_persons)")
     if params["tail_flag"] and error_bar is not None:
-        covers += ("; WARNING (tail_flag): the persons' vectors look heavy-tailed, and clipping then biases "
-                   "the covariance downwards (seen: about half the exact values on flight delays); the bias "
-                   "bound assumes that tail continues as fitted, which the data may break")
+        if p1.get("far_unconfirmed_flag") or p1.get("unseen_flag"):
+            covers += ("; WARNING (tail_flag): stage 1's norm profile could not see all the persons at this "
+                       "budget (a far bin read as noise, or many persons possibly beyond what it measured: a "
+                       "column of two values, e.g. 0/1, hides its far value this way), and clipping them would "
+                       "bias the covariance; the bias bound assumes none are there: more persons or epsilon, "
+                       "fewer columns at a time, or declare bounds")
+        else:
+            covers += ("; WARNING (tail_flag): the persons' vectors look heavy-tailed, and clipping then biases "
+                       "the covariance downwards (seen: about half the exact values on flight delays); the bias "
+                       "bound assumes that tail continues as fitted, which the data may break")
     return CovarianceRelease(STATUS_OK, cov, mu, covers, eps, delta, params, error_bar, ERROR_LEVEL)

@@ -229,9 +229,14 @@ UNSEEN_FLAG_SHARE_NORMS = 0.5
 #: share (455 of 595 persons at 1, 90 at 0) beside a wage-like column at epsilon 1: its scale
 #: 0.012 puts the 90 at ~85 scaled units, their bin (16% of the persons) was dropped, the radius
 #: came out 5.4 and the share was released 0.15 off under a bar of 0.0055 (27 bars), unflagged, in
-#: 1 of 30 runs; the rule flags the 4 runs that dropped 12-14% (that one among them). On ordinary data
-#: dropping happens in 0-3% of runs (Gaussian d = 4 at 300, 1,000, 4,000 persons; uniform d = 3 at
-#: 1,000; Lomax 1.5 d = 4 at 1,000 and 4,000; 20-40 runs each at epsilon 1), 2.6-6.8% of persons.
+#: 1 of 30 runs; 4 of the 30 runs dropped far bins (9-14% of the final noisy count), and the rule
+#: fired in the 3 with a bar, that one among them (the 4th had no bar: flagged already). A bin is
+#: dropped only when its noisy count clears the noise floor (~55-85 persons at these budgets), so at
+#: a few hundred persons the rule reads "any far bin dropped"; an empty far bin whose noise clears
+#: the floor (at most FLOOR_BETA = 10% of runs by the floor's design) also flags. Measured on
+#: ordinary data: dropping in 0-3% of runs (Gaussian d = 4 at 300, 1,000, 4,000 persons; uniform
+#: d = 3 at 1,000; Lomax 1.5 d = 4 at 1,000 and 4,000; 20-40 runs each at epsilon 1), 2.6-6.8% of
+#: the persons when it happened.
 FAR_UNCONFIRMED_SHARE = 0.01
 #: The text of a release without a bar because the norm profile measured nothing (``norm_profile_empty``).
 NORM_PROFILE_EMPTY = (
