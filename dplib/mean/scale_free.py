@@ -73,7 +73,7 @@ from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
 from dplib.mean.params import check_moment_order
 from dplib.mean.ranges import (
-    DEFAULT_EXPONENT_RANGE, MagnitudeRange, check_exponent_range, check_octaves, check_range_quantile,
+    DEFAULT_EXPONENT_RANGE, HIDDEN_SD, hidden_mass, MagnitudeRange, check_exponent_range, check_octaves, check_range_quantile,
 )
 from dplib.mean.scale_free_stages import (  # the early stages; re-exported (see __all__)
     BALANCE_RATIO,
@@ -137,7 +137,7 @@ __all__ = [
 ]
 
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
-ALGORITHM_VERSION = "13"  # 13: a sharp end (SHARP_END_SURVIVAL) clips at 1.0x the profile's reach (was 1.5x), also when the tails read light and symmetric: uniform person means at 10^4 / 10^5 persons, median |error| 1.68x / 1.70x -> 1.28x / 1.21x the pinned anchor's (paired, 40 seeds); 12: the centre zoom (stage 2b: a finer centre histogram when the bulk sits in two centre bins, ZOOM_SHARE of epsilon when it runs; its centroid weighs noisy counts less 2 noise scales; kept when its top bins hold >= 80% of the first one's persons); runs without it release what version 11 released. Person means narrower than the centre bins: Gaussian m = 100, 1,000 persons median |error| 0.000744 -> 0.000598 (anchors grid, 30 seeds), uniform m = 100 0.000682 -> 0.000374; Lomax 2.5 m = 100 at 10^4 / 10^5 persons: bars covering 0.07 / 0.03 -> 1.00 / 0.97; 11: flagged when over 33% of the persons could sit unseen beyond the profile (unseen_flag; PSID married, 595 persons at epsilon 0.3: 9 unflagged misses of 30 -> 0); a profile that ends sharply (>= 5% of persons beyond its last measured edge, 10x what could hide beyond its visible top) clips at 1.5x its reach (sharp_end): a 0/1 column of 11,423 persons, median error 0.00128 -> 0.00071; 40 other cells unchanged; 10: no bar (flagged) when the range stays at the zero floor (at_zero_floor: 2,000 persons 97% at 0, epsilon 0.3: bars of 5e-302 against exact means of ~0.02, 2 of 6 unflagged); 9: the small-data radius cap is SMALL_REACH x max(the profile's reach, the centre's bin width) (a profile that sees nothing clipped 100 Gaussian persons at 0.4 sd in 14% of runs); 8: a pooled third range run (pure, 4 octaves per bucket) when the first two release nothing (jtrain firms, 128-155 persons: employ and sales released in 95-100% of runs instead of 0-5%); a first range of only the zero bucket (a zero-inflated column) runs the retry (3 octaves per bucket; wagepan shares of years in a state, 70-82% zeros: |error| 0.07-0.20 -> 0.008-0.03), and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
+ALGORITHM_VERSION = "13"  # 13: a sharp end (SHARP_END_SURVIVAL) clips at 1.0x the profile's reach (was 1.5x), also when the tails read light and symmetric: uniform person means at 10^4 / 10^5 persons, median |error| 1.68x / 1.70x -> 1.28x / 1.21x the pinned anchor's (paired, 40 seeds); its bar's tail is anchored at the reach with the profile's mass above its visible top (counted over HIDDEN_SD noise sds, else none) instead of continued from the last measured survival: uniform 10^4 persons, 200 seeds, bars 0.95x the 90th-percentile |error| covering 90.5% (continued: 18x); 12: the centre zoom (stage 2b: a finer centre histogram when the bulk sits in two centre bins, ZOOM_SHARE of epsilon when it runs; its centroid weighs noisy counts less 2 noise scales; kept when its top bins hold >= 80% of the first one's persons); runs without it release what version 11 released. Person means narrower than the centre bins: Gaussian m = 100, 1,000 persons median |error| 0.000744 -> 0.000598 (anchors grid, 30 seeds), uniform m = 100 0.000682 -> 0.000374; Lomax 2.5 m = 100 at 10^4 / 10^5 persons: bars covering 0.07 / 0.03 -> 1.00 / 0.97; 11: flagged when over 33% of the persons could sit unseen beyond the profile (unseen_flag; PSID married, 595 persons at epsilon 0.3: 9 unflagged misses of 30 -> 0); a profile that ends sharply (>= 5% of persons beyond its last measured edge, 10x what could hide beyond its visible top) clips at 1.5x its reach (sharp_end): a 0/1 column of 11,423 persons, median error 0.00128 -> 0.00071; 40 other cells unchanged; 10: no bar (flagged) when the range stays at the zero floor (at_zero_floor: 2,000 persons 97% at 0, epsilon 0.3: bars of 5e-302 against exact means of ~0.02, 2 of 6 unflagged); 9: the small-data radius cap is SMALL_REACH x max(the profile's reach, the centre's bin width) (a profile that sees nothing clipped 100 Gaussian persons at 0.4 sd in 14% of runs); 8: a pooled third range run (pure, 4 octaves per bucket) when the first two release nothing (jtrain firms, 128-155 persons: employ and sales released in 95-100% of runs instead of 0-5%); a first range of only the zero bucket (a zero-inflated column) runs the retry (3 octaves per bucket; wagepan shares of years in a state, 70-82% zeros: |error| 0.07-0.20 -> 0.008-0.03), and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
 STAGE_FINE = "fine clip-and-noise"
 STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2, STAGE_CENTRE, STAGE_ZOOM, STAGE_PROFILE, STAGE_BALANCE, STAGE_FINE)
 #: The radius never exceeds this multiple of how far the profile measures (:func:`measured_reach`).
@@ -448,7 +448,21 @@ def scale_free_person_mean(
     # the bound of the bar (bar_tail); not halved for two balanced tails
     # (the clipped excesses of a long and a short tail with equal counts do not offset: flight
     # delays' bars covered 61% of runs with the halving and the one-sd tail)
-    bias_bound = bar_bias(model, lambda m: m.bias(rho))
+    bar_model = model
+    if ended and setup.reach > float(model.edges[-1]):
+        # a sharp end: the persons beyond the last measured edge sit in the bin up to the reach; the
+        # bar's tail is anchored at the reach with what the profile holds above its visible top
+        # (its raw noisy mass when over HIDDEN_SD noise sds, as the tail model counts it; else
+        # none), not continued from the last measured survival, which put uniform person means'
+        # bars at 18x / 85x their 90th-percentile |error| (10^4 / 10^5 persons, 30 seeds). As
+        # everywhere, the bar assumes no group of far persons the profile cannot see (the text
+        # gives unseen_persons; over UNSEEN_FLAG_SHARE of the persons: flagged). Post-processing.
+        hidden, hidden_sd = hidden_mass(setup.profile, setup.profile_epsilon)
+        above = hidden if hidden > HIDDEN_SD * hidden_sd else 0.0
+        s_reach = min(float(model.survival[-1]), above / max(setup.n_hat, 1.0))
+        bar_model = dataclasses.replace(model, edges=np.append(model.edges, setup.reach),
+                                        survival=np.append(model.survival, s_reach))
+    bias_bound = bar_bias(bar_model, lambda m: m.bias(rho))
     b_fine = charge(STAGE_FINE, eps_fine)
     c = count_weight(rho, min(centre_error, rho))
     fine = centred_clip_and_noise(backend, column, center, rho, c, group, b_fine.epsilon, noise)

@@ -1034,12 +1034,16 @@ def test_a_sharp_end_clips_uniform_means_at_the_reach(monkeypatch):
     profile ends in the bin holding the edge (|Y - c| <= ~1.9), the sharp end fires in every run,
     also where the tails read light and symmetric, and the radius is that bin's top, 2.0 (at the
     version-12 factor 1.5: 3.0); the root mean square error at most 0.8x (measured 0.70x: the noise
-    scales with the radius, nothing is clipped at either) and every bar covering."""
+    scales with the radius, nothing is clipped at either), at least 7 of 10 bars covering and the
+    median bar at most 3x the 90th-percentile |error| (200 seeds: 0.95x, covering 90.5%; the tail
+    continued from the last measured edge put it at 18x)."""
     import dplib.mean.scale_free as sf
 
     radii: dict = {}
     rms: dict = {}
     light_symmetric = 0
+    bars: list = []
+    covered = 0
     for factor in (1.0, 1.5):
         monkeypatch.setattr(sf, "SHARP_END_REACH", factor)
         errs, radii[factor] = [], []
@@ -1055,9 +1059,14 @@ def test_a_sharp_end_clips_uniform_means_at_the_reach(monkeypatch):
             # nothing clipped: every person within the radius of the release's own centre
             assert rho >= float(np.max(np.abs(y - rel.parameters["coarse_center"]))), (factor, s, rho)
             if factor == 1.0:
-                assert err <= rel.error_bar
+                covered += err <= rel.error_bar
                 light_symmetric += rel.parameters["light_symmetric"]
+                bars.append(rel.error_bar)
         rms[factor] = float(np.sqrt(np.mean(np.square(errs))))
+        if factor == 1.0:  # the bar's tail anchored at the reach, not continued from the last measured
+            # edge: ~1x the 90th-percentile |error| (200 seeds: 0.95x, covering 0.905); 18x before
+            assert np.median(bars) <= 3.0 * float(np.percentile(errs, 90)), (np.median(bars), np.percentile(errs, 90))
+            assert covered >= 7, covered  # 90% bars: fewer than 7 of 10 has probability 1.3%
     assert max(radii[1.0]) <= 2.0 + 1e-9, radii[1.0]
     assert min(radii[1.5]) >= 2.9, radii[1.5]
     assert 1 <= light_symmetric <= 9, light_symmetric  # the rule acts with and without light symmetric tails
