@@ -470,22 +470,6 @@ def centre_fit_from_counts(
     return CentreFit(center, r, local, pair / local if local > 0 else 0.0)
 
 
-def window_center_from_counts(
-    sparse: dict[int, int],
-    epsilon: float,
-    noise: NoiseSource,
-    lower: float,
-    upper: float,
-    bins_per_range: int = 8,
-    refine: bool = False,
-    pad_bins: int | None = None,
-) -> tuple[float, float]:
-    """:func:`window_center` from the exact counts of the window's bins: ``(center, bin_width)``
-    of :func:`centre_fit_from_counts` (the same noise draws)."""
-    fit = centre_fit_from_counts(sparse, epsilon, noise, lower, upper, bins_per_range, refine, pad_bins)
-    return fit.center, fit.bin_width
-
-
 @dataclass(frozen=True)
 class DeviationProfile:
     """Noisy histogram of ``|Y - c|`` on log bins (all fields DP or public).

@@ -103,7 +103,7 @@ from dplib.mean.ranges import (
     below_top_bucket,
     visible_only,
     window_bins,
-    window_center_from_counts,
+    centre_fit_from_counts,
 )
 from dplib.mean.scale_free import (
     CENTRE_BINS,
@@ -741,7 +741,7 @@ def scale_free_multivariate_mean(
     exact = backend.histograms(columns, [w for w, _, _ in bins], [off for _, off, _ in bins], group)
     centre = np.empty(d)
     for j in range(d):
-        centre[j], _ = window_center_from_counts(exact[j], b.epsilon / d, noise, lowers[j], uppers[j], CENTRE_BINS, True, pad)
+        centre[j] = centre_fit_from_counts(exact[j], b.epsilon / d, noise, lowers[j], uppers[j], CENTRE_BINS, True, pad).center
     del exact
     params["coarse_center"] = [float(x) for x in centre]
     n_persons = max(r.noisy_total for r in ranges)  # DP
