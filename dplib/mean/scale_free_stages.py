@@ -58,6 +58,7 @@ STAGE_CENTRE = "centre"
 STAGE_PROFILE = "deviation profile"
 STAGE_BALANCE = "tail balance"
 STAGE_ZOOM = "centre (zoom)"
+STAGE_OVERFLOW = "overflow check"
 #: Epsilon shares of the early stages (accuracy only: any shares summing to <= 1 are private).
 RANGE_SHARE = 0.04
 RANGE_RETRY_SHARE = 0.20
@@ -174,6 +175,22 @@ OVERFLOW_WARN = 0.01
 #: 200 seeds) 4 at 2.5 sds, 10 at 2 (a false alarm with nobody there: P(Laplace > 2.5 sd) =
 #: exp(-2.5 sqrt 2) / 2 = 1.5%).
 OVERFLOW_SD = 2.5
+#: The overflow check (stage 3c): when the profile's overflow bin reads more than
+#: OVERFLOW_TRIGGER_SD of its noise sds but not the OVERFLOW_SD that flags at once, and nothing
+#: else flagged the bar, a second Laplace count of the persons beyond the profile's top edge at
+#: OVERFLOW_CHECK_SHARE of epsilon (taken from the final stage's share, a DP outcome under the
+#: fixed total) flags the bar when it reads more than OVERFLOW_CONFIRM_SD of its own noise sds.
+#: The one-bin test alone has to trade misses against false alarms on one count at the profile's
+#: small share: 2% of 3,001 persons at +-1e20 (the adversarial matrix's 4b; ~60 persons against a
+#: Laplace scale of 10 at epsilon 1) released OK, unflagged, with a bar 1e17-1e19 times too short
+#: in 6 of 200 numpy runs (P(Laplace < -25) = 4%). With the check: a miss needs the first count
+#: under 1 sd (P(Laplace < -46) = 0.5%) or the second under its threshold (P(Laplace < -36) =
+#: 0.2% at share 0.15). On clean data the check runs in ~12% of runs (the first count's noise
+#: over 1 sd: exp(-sqrt 2) / 2), costing those runs 0.15 of epsilon from the fine stage, and
+#: flags ~1.5% of those.
+OVERFLOW_CHECK_SHARE = 0.15
+OVERFLOW_TRIGGER_SD = 1.0
+OVERFLOW_CONFIRM_SD = 2.5
 
 
 @dataclass(frozen=True)
@@ -201,6 +218,8 @@ class StageShares:
     balance: float = BALANCE_SHARE
     #: The centre zoom's share (:data:`ZOOM_SHARE`); 0: no zoom stage.
     zoom: float = 0.0
+    #: The overflow check's share (:data:`OVERFLOW_CHECK_SHARE`); 0: no overflow check.
+    overflow: float = 0.0
     boost: float = SMALL_DATA_BOOST
     centre_boost: float = SMALL_CENTRE_BOOST
     #: False: no final stage follows (a shared stage of a grouped mean): the shares may sum to 1.
@@ -210,7 +229,7 @@ class StageShares:
     retry2_from_profile: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("range", "range_retry", "range_retry2", "centre", "profile", "balance", "zoom"):
+        for name in ("range", "range_retry", "range_retry2", "centre", "profile", "balance", "zoom", "overflow"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
                 raise InvalidParameterError(f"share {name} must be in [0, 1), got {v!r}")
@@ -230,7 +249,7 @@ class StageShares:
         """The final stage's nominal share: 1 minus the largest early shares (after a retry)."""
         retry2 = 0.0 if self.retry2_from_profile else self.range_retry2
         return (1.0 - self.range - self.range_retry - retry2 - self.centre * self.centre_boost
-                - self.zoom - self.profile * self.boost - self.balance)
+                - self.zoom - self.profile * self.boost - self.balance - self.overflow)
 
     def profile_share(self, small: bool, retried_twice: bool) -> float:
         """The profile's share on this path: boosted on small data, less the pooled retry's when
@@ -255,6 +274,8 @@ class StageShares:
         parts.append((STAGE_PROFILE, self.profile * self.boost, 0.0))
         if self.balance > 0:
             parts.append((STAGE_BALANCE, self.balance, 0.0))
+        if self.overflow > 0:
+            parts.append((STAGE_OVERFLOW, self.overflow, 0.0))
         return [Charge(f"{prefix}{name}", Budget(eps * share, d), group) for name, share, d in parts]
 
     def largest_path(self, charges: list[Charge]) -> list[Charge]:
@@ -269,7 +290,7 @@ class StageShares:
 #: spread over 3-10 octaves, released nothing in 0-5% of runs for employ, sales, tothrs, totrain,
 #: hrsemp; with it 95-100% of runs for employ and sales (median |error| 18% and 24% of the mean,
 #: bars covering 95-100%), 75% and 50% for totrain and hrsemp, 10% for tothrs).
-DEFAULT_SHARES = StageShares(range_retry2=RANGE_RETRY2_SHARE, zoom=ZOOM_SHARE)
+DEFAULT_SHARES = StageShares(range_retry2=RANGE_RETRY2_SHARE, zoom=ZOOM_SHARE, overflow=OVERFLOW_CHECK_SHARE)
 
 
 def stage_charger(accountant: Accountant, charges: dict):
@@ -324,6 +345,28 @@ def overflow_seen(profile, epsilon: float) -> bool:
     return bool(float(raw[-1]) > OVERFLOW_SD * math.sqrt(2.0) / epsilon)
 
 
+def overflow_suspect(profile, epsilon: float) -> bool:
+    """True when the profile's overflow bin holds more than ``OVERFLOW_TRIGGER_SD`` noise sds of
+    raw noisy count but not the ``OVERFLOW_SD`` that flags at once (:func:`overflow_seen`):
+    the overflow check (stage 3c) runs then. Post-processing of the DP profile."""
+    raw = profile.raw_weights if profile.raw_weights is not None else profile.weights
+    return bool(float(raw[-1]) > OVERFLOW_TRIGGER_SD * math.sqrt(2.0) / epsilon) and not overflow_seen(profile, epsilon)
+
+
+def overflow_check(signed_counts: dict, top: float, epsilon: float, noise: NoiseSource, sub_edges) -> bool:
+    """Release the number of persons with ``|Y - c| >= top`` (``top`` a bin edge of the signed
+    log-bin counts: the deviation profile's top edge) with Laplace(1/epsilon); True when it reads
+    more than ``OVERFLOW_CONFIRM_SD`` noise sds (post-processing decides).
+
+    Privacy
+    -------
+    epsilon-DP under add/remove: one count, a person in it or not (l1 sensitivity 1)."""
+    exact = np.array([float(np.sum(tail_counts(signed_counts, top, sub_edges)))])
+    noisy, scale = pure_dp_histogram(exact, epsilon, noise)
+    del exact
+    return bool(float(noisy[0]) > OVERFLOW_CONFIRM_SD * math.sqrt(2.0) * scale)
+
+
 def unseen_persons(profile, epsilon: float) -> float:
     """How many persons could lie beyond the deviation profile's highest visible bin without
     setting the hidden-mass flag: ``FLAG_HIDDEN_SD`` noise sds of the noisy count above it
@@ -353,7 +396,7 @@ def unseen_note(profile, epsilon: float, n_hat: float, what: str = "means") -> s
 
 def tail_flag_reason(
     nu_point: float, overflow: float, histogram: str = "deviation histogram", small_data_nu: float | None = None,
-    visible: bool = True,
+    visible: bool = True, overflow_confirmed: bool = False,
 ) -> str:
     """Why ``tail_flag`` is set, in words (public: from DP outputs): the fitted tail power
     (``nu_point``, the point fit) below ``FLAG_NU``, persons beyond the histogram's top edge (more than ``OVERFLOW_WARN``), or else
@@ -365,6 +408,9 @@ def tail_flag_reason(
     if small_data_nu is not None and small_data_nu < FLAG_NU:
         return (f"few persons: the {histogram} measures too few bins to confirm a light tail (the fitted "
                 f"tail power's lower bound {small_data_nu:.2g} < {FLAG_NU:g})")
+    if overflow_confirmed:
+        return (f"a second count (the overflow check) confirmed persons beyond the top of the {histogram}, "
+                "far from the bulk, where no tail model reaches")
     if overflow > OVERFLOW_WARN:
         return (f"{overflow:.0%} of the persons beyond the top of the {histogram} (far from the bulk; "
                 "if delta = 0, the range stage sees only magnitudes inside options.exponent_range, "
@@ -526,6 +572,8 @@ class ScaleFreeSetup:
     one_sided: bool = False
     #: the range is at the zero floor (:func:`at_zero_floor`): no estimator on these stages gives a bar
     zero_atom: bool = False
+    #: the overflow check (stage 3c) ran and confirmed persons beyond the profile's top edge
+    overflow_confirmed: bool = False
 
     @property
     def centre_error(self) -> float:
@@ -539,7 +587,7 @@ class ScaleFreeSetup:
         """Why ``tail_flag`` is set, in words (:func:`tail_flag_reason`; public)."""
         return tail_flag_reason(
             float(self.model.nu), self.overflow, small_data_nu=self.fitted_nu if self.small else None,
-            visible=self.profile.total > 0,
+            visible=self.profile.total > 0, overflow_confirmed=self.overflow_confirmed,
         )
 
 
@@ -719,6 +767,16 @@ def scale_free_stages(
     if shares.balance > 0 and not small and model.nu >= LIGHT_NU and (plan.k is None or plan.k >= LIGHT_NU):
         b_bal = charge(STAGE_BALANCE)
         balanced, one_sided = tail_balance_read(signed_counts, balance_edge(model), b_bal.epsilon, noise, sub_edges)
+    # 3c. overflow check: the profile's overflow bin reads more than its noise suggests but not
+    # enough to flag (a DP outcome) and nothing else flagged -> a second count of the persons
+    # beyond the profile's top edge, from the exact counts read under stage 3's charge, with its
+    # own charge before its noise; its share comes out of the final stage's (fixed total)
+    overflow_confirmed = False
+    if shares.overflow > 0 and not tail_flag and overflow_suspect(profile, b_profile.epsilon):
+        b_over = charge(STAGE_OVERFLOW)
+        overflow_confirmed = overflow_check(signed_counts, float(profile.edges[-2]), b_over.epsilon, noise, sub_edges)
+        params["overflow_check"] = "confirmed: flagged" if overflow_confirmed else "not confirmed"
+        tail_flag = tail_flag or overflow_confirmed
     del signed_counts
     # (a shared range counted every group's persons: only the group's own profile counts then)
     n_hat = max(0.0 if shared else rng_out.noisy_total, profile.total, 1.0)
@@ -730,6 +788,7 @@ def scale_free_stages(
     return ScaleFreeSetup(
         lower, upper, retried, center, bin_width, low, high, profile, model, fitted_nu, nu_used, tail_flag, overflow,
         balanced, n_hat, measured_reach(profile, model), b_profile.epsilon, small, one_sided, zero_atom,
+        overflow_confirmed,
     )
 
 

@@ -529,3 +529,51 @@ def test_mean_sharp_end_through_the_job(spark, tmp_path):
         assert abs(row.estimate[0] - float(pdf[col].mean())) <= 5.0 * float(np.max(row.error_bar))
     assert fired >= 1
     assert result.epsilon_spent == pytest.approx(2.0)
+
+
+def test_overflow_check_through_the_job(spark, tmp_path):
+    """The overflow check (scale-free mean version 14, and the sum and variance on the same
+    stages) through a job with the production noise source: three columns of 3,001 persons'
+    N(10, 1) means, 1% of the persons of each at +-1e20 (30 persons: the profile's one-bin test,
+    35 persons at epsilon 1, flags ~30% of runs; the check runs in ~60%), eight statistics at
+    epsilon 1 each, so that the check runs in at least one in all but 0.4^8 < 0.1% of jobs. Where
+    it runs, it was charged within the statistic's budget and a confirmation flags the release."""
+    rng = np.random.default_rng(16)
+    n = 3001
+    cols = {}
+    for c in ("a", "b", "c"):
+        v = rng.normal(10.0, 1.0, n)
+        far = rng.choice(n, size=30, replace=False)
+        v[far] = rng.choice([-1.0, 1.0], size=30) * 1e20
+        cols[c] = v
+    pdf = pd.DataFrame({"pid": [f"p{i}" for i in range(n)], **cols})
+    path = tmp_path / "far.parquet"
+    pdf.to_parquet(path, index=False)
+    stats = [{"name": f"{c}_{kind}", "kind": kind, "columns": [c], "share": 1 / 8}
+             for c in ("a", "b") for kind in ("mean", "sum", "variance")]
+    stats += [{"name": f"c_{kind}", "kind": kind, "columns": ["c"], "share": 1 / 8} for kind in ("mean", "sum")]
+    cfg = parse_config({
+        "job_name": "production-overflow-check",
+        "input": {"path": str(path), "format": "parquet"},
+        "privacy_unit": {"column": "pid"},
+        "budget": {"epsilon": 8.0, "delta": 8e-6},
+        "statistics": stats,
+        "output": {"path": str(tmp_path / "out")},
+        "ledger": {"enabled": False},
+    })
+    result = run_job(cfg, spark=spark)
+    ran = 0
+    for row in result.rows:
+        assert row.noise_source == SecureNoise.name and row.status == "OK", (row.statistic, row.status)
+        assert row.epsilon == pytest.approx(1.0)
+        params = json.loads(row.parameters)
+        planned = [s["stage"] for s in params["stages"]]
+        assert any(s.endswith("overflow check") for s in planned)  # listed in the public plan
+        check = params.get("overflow_check")
+        if check is not None:
+            ran += 1
+            assert check in ("confirmed: flagged", "not confirmed")
+            if check.startswith("confirmed"):
+                assert row.flagged is True and params["tail_flag"] is True
+    assert ran >= 1
+    assert result.epsilon_spent == pytest.approx(8.0)

@@ -147,7 +147,7 @@ def test_plan_cost_equals_budget(budget, group):
     assert [c.stage for c in charges] == list(STAGES)
     # delta split between stage 1 and its retry (the pooled retry is pure); every stage reads the
     # statistic's persons
-    assert [c.budget.delta for c in charges] == [budget.delta / 2, budget.delta / 2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert [c.budget.delta for c in charges] == [budget.delta / 2, budget.delta / 2] + [0.0] * (len(STAGES) - 2)
     assert all(c.group == group for c in charges)
     # the nominal shares: stage 1, its retry, the pooled retry, then the small-data (largest)
     # centre share, the centre zoom's, the small-data profile share
@@ -1235,3 +1235,116 @@ def test_window_center_fit_fold_floor_and_shares():
     floored = window_center_fit(backend, "v", ALL_PERSONS, 1e9, SeededNoise(0), 4.0, 8.0, 4, fold=False,
                                 floor_scales=20.0 * 1e9, **kw)
     assert floored.center == pytest.approx((30 * 5.5 + 30 * 6.5) / 60.0, abs=1e-6)  # 8.5's 10 persons drop out
+
+
+# ------------------------------------------------------------------------------------------------
+# the overflow check (stage 3c)
+# ------------------------------------------------------------------------------------------------
+
+
+def _far_pair_backend(share: float, n: int = 3001):
+    """N(10, 1) person means with ``share`` of the persons at +-1e20 (random signs): the
+    adversarial matrix's case 4b. The exact mean is dominated by the far persons."""
+    rng = np.random.default_rng(5)
+    y = rng.normal(10.0, 1.0, n)
+    far = rng.choice(n, size=int(share * n), replace=False)
+    y[far] = rng.choice([-1.0, 1.0], size=far.size) * 1e20
+    return NumpyAggregates({"v": y}, rng.integers(0, 2**32, n)), y
+
+
+def _unflagged_misses(backend, y, seeds, monkeypatch, shares=None):
+    import dplib.mean.scale_free as sf
+
+    if shares is not None:
+        monkeypatch.setattr(sf, "DEFAULT_SHARES", shares)
+    misses = ran = 0
+    for s in range(seeds):
+        rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(s))
+        assert rel.status == STATUS_OK
+        ran += "overflow_check" in rel.parameters
+        misses += (not rel.parameters["tail_flag"] and rel.error_bar is not None
+                   and abs(rel.estimate - y.mean()) > rel.error_bar)
+    return misses, ran
+
+
+def test_the_overflow_check_flags_far_persons_the_one_bin_test_misses(monkeypatch):
+    """1.2% of 3,001 persons at +-1e20 (36 persons; the profile's Laplace scale at epsilon 1 is
+    10): the one-bin test (2.5 noise sds = 35 persons) misses about half the runs, which then
+    release OK, unflagged, with a bar 1e17 times too short. The check (a second count at 0.15 of
+    epsilon when the first reads over 1 sd) misses when the first count is under 1 sd
+    (P(Laplace(10) < -22) = 5.5%) or the second under 2.5 of its sds (P(Laplace(6.7) < -18) =
+    3.3%): ~9% of runs, binomial(60, 0.09) <= 12 with probability > 0.997. Power: without it,
+    ~47% (binomial(60, 0.47) >= 18 with probability > 0.995)."""
+    backend, y = _far_pair_backend(0.012)
+    with_check, ran = _unflagged_misses(backend, y, 60, monkeypatch)
+    assert with_check <= 12 and ran >= 18
+    from dplib.mean.scale_free_stages import DEFAULT_SHARES
+
+    without, ran_off = _unflagged_misses(backend, y, 60, monkeypatch, dataclasses.replace(DEFAULT_SHARES, overflow=0.0))
+    assert without >= 18 and ran_off == 0
+
+
+def test_the_overflow_check_is_charged_before_its_noise_and_leaves_the_rest_to_the_fine_stage():
+    from dplib.mean.scale_free_stages import OVERFLOW_CHECK_SHARE, STAGE_OVERFLOW
+
+    backend, y = _far_pair_backend(0.012)
+    for seed in range(20):
+        acc = Accountant(DEFAULT_BUDGET)
+        noise = SnapshotNoise(seed, acc)
+        rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), noise, acc)
+        stages = [c.stage for c in acc.charges]
+        if STAGE_OVERFLOW not in stages:
+            assert "overflow_check" not in rel.parameters
+            continue
+        i = stages.index(STAGE_OVERFLOW)
+        assert stages[i - 1] in (STAGE_PROFILE, STAGE_BALANCE) and stages[i + 1:] == [STAGE_FINE]
+        assert acc.charges[i].budget.epsilon == pytest.approx(OVERFLOW_CHECK_SHARE)
+        # one draw of one count, after its own charge; every draw after its stage's charge
+        assert noise.snapshots[i] == i + 1 and noise.sizes[i] == 1
+        assert noise.snapshots == sorted(noise.snapshots)
+        assert rel.parameters["fine_epsilon"] == pytest.approx(1.0 - sum(c.budget.epsilon for c in acc.charges[:-1]))
+        assert rel.epsilon == pytest.approx(1.0, rel=1e-12)
+        if rel.parameters["overflow_check"].startswith("confirmed"):
+            assert rel.parameters["tail_flag"] and "overflow check" in rel.error_covers
+        break
+    else:
+        pytest.fail("the overflow check never ran in 20 seeds (expected in about half)")
+
+
+@pytest.mark.parametrize("extra", [1e300, -1e300, 2.0**40, -(2.0**40), 10.0])
+def test_the_overflow_count_moves_by_at_most_one_person(extra):
+    """The check's exact count (persons at or beyond the profile's top edge, either side) under
+    add/remove of one person, extreme or not: l1 sensitivity 1."""
+    from dplib.mean.scale_free_stages import overflow_check
+
+    rng = np.random.default_rng(3)
+    y = rng.normal(10.0, 1.0, 2000)
+    y[:30] = 1e20
+    gi = rng.integers(0, 2**32, y.size + 1)
+    base = NumpyAggregates({"v": y}, gi[:-1]).log_histogram("v", 10.0, ALL_PERSONS, SUB)
+    plus = NumpyAggregates({"v": np.append(y, extra)}, gi).log_histogram("v", 10.0, ALL_PERSONS, SUB)
+    for top in (2.0**6, 2.0**30):
+        a = float(np.sum(tail_counts(base, top, SUB)))
+        b = float(np.sum(tail_counts(plus, top, SUB)))
+        assert abs(a - b) <= 1.0
+        assert a == float(np.sum(np.abs(y - 10.0) >= top))  # the exact count, against numpy
+
+    class Exact:  # no noise: the decision reads the count against its threshold
+        def add_laplace(self, values, scale):
+            return np.asarray(values, dtype=float)
+
+    assert overflow_check(base, 2.0**30, 1.0, Exact(), SUB)  # 30 persons > 2.5 x sqrt 2 x 1
+    assert not overflow_check(base, 2.0**80, 1.0, Exact(), SUB)
+
+
+def test_the_overflow_check_is_rare_and_rarely_flags_on_gaussian_means():
+    """Nobody beyond the profile's top: the check runs when the overflow bin's noise exceeds 1
+    sd (exp(-sqrt 2) / 2 = 12%; binomial(60, 0.12) <= 16 with probability > 0.997) and flags when
+    its own noise exceeds 2.5 sds (1.5% of those)."""
+    ran = flagged = 0
+    for s in range(60):
+        backend, y, _ = _gaussian_backend(100 + s)
+        rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(s))
+        ran += "overflow_check" in rel.parameters
+        flagged += rel.parameters.get("overflow_check", "").startswith("confirmed")
+    assert ran <= 16 and flagged <= 1
