@@ -185,9 +185,10 @@ OVERFLOW_SD = 2.5
 #: Laplace scale of 10 at epsilon 1) released OK, unflagged, with a bar 1e17-1e19 times too short
 #: in 6 of 200 numpy runs (P(Laplace < -25) = 4%). With the check: a miss needs the first count
 #: under 1 sd (P(Laplace < -46) = 0.5%) or the second under its threshold (P(Laplace < -36) =
-#: 0.2% at share 0.15). On clean data the check runs in ~12% of runs (the first count's noise
-#: over 1 sd: exp(-sqrt 2) / 2), costing those runs 0.15 of epsilon from the fine stage, and
-#: flags ~1.5% of those.
+#: 0.2% at share 0.15). On clean data the check runs in ~11% of runs (the first count's noise
+#: over 1 sd but under 2.5: exp(-sqrt 2) / 2 - exp(-2.5 sqrt 2) / 2), costing those runs 0.15 of
+#: epsilon from the final stage, and flags ~1.5% of those. Not on a range at the zero floor (no
+#: bar to flag).
 OVERFLOW_CHECK_SHARE = 0.15
 OVERFLOW_TRIGGER_SD = 1.0
 OVERFLOW_CONFIRM_SD = 2.5
@@ -665,6 +666,8 @@ def scale_free_stages(
         raise InvalidParameterError("the shares have a pooled range retry that the plan's charges do not list")
     if shares.zoom > 0 and planned is not None and STAGE_ZOOM not in planned:
         raise InvalidParameterError("the shares have a centre zoom that the plan's charges do not list")
+    if shares.overflow > 0 and planned is not None and STAGE_OVERFLOW not in planned:
+        raise InvalidParameterError("the shares have an overflow check that the plan's charges do not list")
 
     # 1. magnitude range (a retry with a larger share only if the first run released nothing, or
     # only the zero bucket)
@@ -772,7 +775,8 @@ def scale_free_stages(
     # beyond the profile's top edge, from the exact counts read under stage 3's charge, with its
     # own charge before its noise; its share comes out of the final stage's (fixed total)
     overflow_confirmed = False
-    if shares.overflow > 0 and not tail_flag and overflow_suspect(profile, b_profile.epsilon):
+    zero_atom = at_zero_floor(rng_out)  # no bar then in any estimator: nothing for the check to flag
+    if shares.overflow > 0 and not tail_flag and not zero_atom and overflow_suspect(profile, b_profile.epsilon):
         b_over = charge(STAGE_OVERFLOW)
         overflow_confirmed = overflow_check(signed_counts, float(profile.edges[-2]), b_over.epsilon, noise, sub_edges)
         params["overflow_check"] = "confirmed: flagged" if overflow_confirmed else "not confirmed"
@@ -781,7 +785,6 @@ def scale_free_stages(
     # (a shared range counted every group's persons: only the group's own profile counts then)
     n_hat = max(0.0 if shared else rng_out.noisy_total, profile.total, 1.0)
     # a range at the zero floor (a DP outcome): no bar in any estimator on these stages, flagged
-    zero_atom = at_zero_floor(rng_out)
     if zero_atom:
         tail_flag = True
         params["zero_atom"] = True

@@ -280,7 +280,8 @@ class MeanKind(StatisticKind):
         cap = "" if plan.k is None else f", tail nu capped at k={plan.k:g}"
         return (f"  {name}: scale-free (range, centre and radius found privately; every stage on all "
                 f"persons, sequential: 4% range [+20% retry on small data or a zero atom; +15% pooled retry "
-                f"if both release nothing], 4% centre, 10% profile, the rest to clip-and-noise; "
+                f"if both release nothing], 4% centre, 10% profile, 15% overflow check only if the profile's overflow bin "
+                f"reads above its noise, the rest to clip-and-noise; "
                 f"{persons_needed_text(plan.budget.epsilon, DEFAULT_SHARES)}){cap}")
 
     def run(self, stat: MeanStatistic, plan, ctx: RunContext) -> Release:

@@ -88,9 +88,12 @@ def stage_text(plan) -> str:
     sh = plan.shares
     balance = f", {sh.balance:.0%} tail balance" if sh.balance > 0 else ""
     pooled = f"; +{sh.range_retry2:.0%} pooled retry if both release nothing" if sh.range_retry2 > 0 else ""
+    overflow = (f", {sh.overflow:.0%} overflow check only if the profile's overflow bin reads above its noise"
+                if sh.overflow > 0 else "")
     return (f"every stage on all persons, sequential: {sh.range:.0%} range [+{sh.range_retry:.0%} retry on small "
-            f"data or a zero atom{pooled}], {sh.centre:.0%} centre, {sh.profile:.0%} profile{balance}, the rest "
-            f"({1 - sh.range - sh.centre - sh.profile - sh.balance:.0%}) to the {plan.final_stage}; "
+            f"data or a zero atom{pooled}], {sh.centre:.0%} centre, {sh.profile:.0%} profile{balance}{overflow}, "
+            f"the rest ({1 - sh.range - sh.centre - sh.profile - sh.balance:.0%}, less what the checks take) to the "
+            f"{plan.final_stage}; "
             f"{persons_needed_text(plan.budget.epsilon, sh)}")
 
 

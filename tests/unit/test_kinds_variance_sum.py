@@ -39,7 +39,7 @@ def test_the_three_kinds_plan_and_render():
     text = plan.render()
     assert "v: scale-free variance" in text and "s: scale-free standard deviation" in text
     assert "tail nu capped at k=4" in text and "t: scale-free sum of the persons' totals" in text
-    assert "the rest (82%)" in text
+    assert "the rest (82%, less what the checks take)" in text and "15% overflow check only if" in text
     # the summary reads x and y; the sum asks for y's per-person total
     assert cfg.value_columns() == ["x", "y"]
     sum_stat = cfg.statistics[2]
