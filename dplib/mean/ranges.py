@@ -418,7 +418,7 @@ def window_center_fit(
     if not fold:
         sparse = {j: c for j, c in sparse.items() if 0 <= j < n_bins}
     return centre_fit_from_counts(sparse, epsilon, noise, lower, upper, bins_per_range, refine, pad_bins,
-                                  floor_scales=floor_scales)
+                                  floor_scales=floor_scales, folded=fold)
 
 
 def window_bins(lower: float, upper: float, bins_per_range: int, pad_bins: int | None = None) -> tuple[float, float, int]:
@@ -445,17 +445,34 @@ def centre_fit_from_counts(
     refine: bool = False,
     pad_bins: int | None = None,
     floor_scales: float = 0.0,
+    folded: bool = True,
 ) -> CentreFit:
     """:func:`window_center_fit` from the exact counts of the window's bins (bins outside
     ``[0, n_bins)`` are folded into the edge bins, as the clamp does); noised here.
-    ``floor_scales``: as :func:`window_center_fit`. epsilon-DP (one person in one bin)."""
+    ``floor_scales``: as :func:`window_center_fit`. epsilon-DP (one person in one bin).
+
+    ``folded`` (the default): the two end bins also hold every value beyond the window, so they
+    are not densities: the argmax and the centroid read the inner bins only (post-processing).
+    The bulk lies inside the window's inner bins by construction (the window is the range, which
+    holds the fullest released magnitude bucket, padded on both sides). Folded end bins used to
+    win the argmax whenever the window's bins were narrow against the spread: 2,501 persons with
+    means N(0.27, 1.22), range [0.5, 2] (the negative buckets under the thresholded histogram's
+    threshold), window [-1, 3.5] in bins of 0.19: the 15% of persons below -1 piled into bin 0,
+    the centre landed at -0.73 in 5 of 6 runs, and the skewed deviation profile then read one
+    long tail (radius 6.3-32 instead of 4.2; the variance released no bar, flagged, in 20 of 200
+    runs). Only in the default window ([L - W, U + W]: its end bins lie W beyond the range); a
+    padded one (``pad_bins``, small data) keeps every bin: its end bins sit next to the range and
+    hold the bulk's edge (the clipped covariance's small-data centres without them: relative
+    Frobenius error 0.081 -> 0.116 at 1,000 persons, 20 seeds). ``folded=False`` (a zoomed window,
+    its outside values dropped): every bin."""
     r, offset, n_bins = window_bins(lower, upper, bins_per_range, pad_bins)
     dense = np.zeros(n_bins)
     for j, c in sparse.items():
         dense[min(max(j, 0), n_bins - 1)] += c
     noisy, _ = pure_dp_histogram(dense, epsilon, noise)
-    j_star = int(np.argmax(noisy))
-    js = np.arange(max(j_star - REFINE_BINS, 0), min(j_star + REFINE_BINS + 1, n_bins))
+    first, last = (1, n_bins - 2) if folded and pad_bins is None and n_bins >= 3 else (0, n_bins - 1)
+    j_star = first + int(np.argmax(noisy[first:last + 1]))
+    js = np.arange(max(j_star - REFINE_BINS, first), min(j_star + REFINE_BINS, last) + 1)
     center = offset + (j_star + 0.5) * r
     if refine:
         # centroid of the argmax bin and REFINE_BINS neighbours each side (noisy counts less

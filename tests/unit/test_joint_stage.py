@@ -191,7 +191,10 @@ def test_pooled_path_takes_the_within_radius_on_far_apart_groups(monkeypatch):
     monkeypatch.undo()
     near = _run_groups(0.1, 3)
     assert not any(p["within_group_profile"] for p, _ in near)
-    assert all(p["clipping_radius"] == p["pooled_radius"] for p, _ in near)
+    # none clips inside the pooled radius (a located group whose own tail reads heavier may clip
+    # wider, up to the pooled reach: 20 of these 60 since the centre's folded end bins no longer win
+    # its argmax; median |error| 0.0189 -> 0.0203, p90 0.073 -> 0.065)
+    assert all(p["clipping_radius"] >= p["pooled_radius"] for p, _ in near)
     # the fine stage (epsilon 0.4 x 0.7 x 0.95 x 0.75 = 0.2; 800 x 0.266 noisy persons x epsilon
     # < OWN_STAGES_N_EPS): Laplace scale at the within radius (~4-5 sd, count weight ~2) about
     # 7 / (0.2 x 800) ~ 0.04; at the pooled radius (~50) it would be ~0.35

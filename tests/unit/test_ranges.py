@@ -436,8 +436,10 @@ def _brute_window_center(values, lower, upper, bins_per_range):
         if j is None:
             j = 0 if y < start else n_bins - 1  # clamped into the window
         counts[j] += 1
-    j_star = max(range(n_bins), key=lambda b: counts[b])
-    assert counts.count(counts[j_star]) == 1, "test data must have a unique fullest bin"
+    # the end bins hold every value beyond the window (not densities): the fullest inner bin
+    inner = range(1, n_bins - 1)
+    j_star = max(inner, key=lambda b: counts[b])
+    assert [counts[b] for b in inner].count(counts[j_star]) == 1, "test data must have a unique fullest inner bin"
     return start + (j_star + 0.5) * r, r
 
 

@@ -25,6 +25,7 @@ from dplib.mean.scale_free import (
     STAGE_BALANCE,
     STAGE_CENTRE,
     STAGE_FINE,
+    STAGE_OVERFLOW,
     STAGE_PROFILE,
     STAGE_ZOOM,
     STAGE_RANGE,
@@ -786,9 +787,12 @@ def test_pooled_retry_releases_few_persons_spread_over_octaves():
         noise = SnapshotNoise(seed, acc)
         rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), noise, acc)
         assert rel.status == STATUS_OK and rel.parameters["range_pooled_retry"] is True
-        assert [c.stage for c in acc.charges] == [
+        stages = [c.stage for c in acc.charges]
+        # the overflow check (stage 3c) runs only on its DP trigger, just before the fine stage
+        assert [st for st in stages if st != STAGE_OVERFLOW] == [
             STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2, STAGE_CENTRE, STAGE_PROFILE, STAGE_FINE]
-        assert noise.snapshots == [1, 2, 3, 4, 5, 6]
+        assert STAGE_OVERFLOW not in stages or stages.index(STAGE_OVERFLOW) == len(stages) - 2
+        assert noise.snapshots == list(range(1, len(stages) + 1))
         assert (rel.epsilon, rel.delta) == pytest.approx((1.0, 1e-6))
         if rel.error_bar is None:  # a tail fit heavier than x^-1: no bar, flagged
             assert rel.parameters["tail_flag"] is True
@@ -1383,3 +1387,26 @@ def test_the_overflow_check_is_rare_and_rarely_flags_on_gaussian_means():
         ran += "overflow_check" in rel.parameters
         flagged += rel.parameters.get("overflow_check", "").startswith("confirmed")
     assert 1 <= ran <= 16 and flagged <= 1
+
+
+def test_the_centre_ignores_the_folded_end_bins():
+    """2,501 persons with means N(0.27, 1.22) (the adversarial matrix's kinds data): the thresholded
+    range often releases only the positive buckets ([0.5, 2]), the centre's window is then [-1, 3.5]
+    in bins of 0.19, and the 15% of persons below -1 fold into its first bin. That bin won the
+    argmax (numpy, 40 seeds: centre 0.81 sd off in median, within 0.5 sd in 5 of 40); the inner bins'
+    argmax: 0.27 sd in median, within 0.5 sd in 32 of 40 (radius median 5.0 -> 3.8 sd). Here 10
+    seeds: within 0.5 sd in >= 5 (binomial(10, 0.8): P(< 5) = 0.6%; the folded argmax's 0.125:
+    P(>= 5) = 0.2%)."""
+    rng = np.random.default_rng(10)
+    n = 2501
+    m = rng.integers(1, 5, n)
+    eff = rng.normal(0.3, 1.0, n)
+    y = np.array([eff[i] + rng.normal(0.0, 1.0, m[i]).mean() for i in range(n)])
+    sd = float(y.std())
+    off = []
+    for seed in range(10):
+        backend = NumpyAggregates({"v": y}, np.random.default_rng([seed, 7]).integers(0, 2**32, n))
+        rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(seed))
+        assert rel.status == STATUS_OK
+        off.append(abs(rel.parameters["coarse_center"] - float(y.mean())) / sd)
+    assert sum(o < 0.5 for o in off) >= 5
