@@ -56,6 +56,7 @@ from dplib.mean.scale_free_stages import (
     point_tail,
     scale_free_stages,
     unseen_note,
+    stages_run,
     unseen_persons,
     zero_atom_reason,
 )
@@ -242,6 +243,7 @@ def person_sum(
         "tail_flag": tail_flag,
         "profile_overflow_share": round(setup.overflow, 4),
         "final_epsilon": b_final.epsilon,
+        "stages_run": stages_run(accountant.charges[start:], stage_prefix),
         "radius_capped": capped,
     })
     return MeanRelease(STATUS_OK, float(estimate), float(half) if math.isfinite(half) else None, ERROR_LEVEL, covers,

@@ -65,6 +65,7 @@ from dplib.mean.scale_free_stages import (
     strict_tail,
     unmeasured_share,
     unseen_note,
+    stages_run,
     unseen_persons,
     zero_atom_reason,
 )
@@ -401,6 +402,7 @@ def person_variance(
                       "variance from 0" if q >= estimate else ""))
     eps, delta = composed_cost(accountant.charges[start:])
     params.update({
+        "stages_run": stages_run(accountant.charges[start:], stage_prefix),
         "clipping_radius": rho,
         "moment_weights": [w1, w0],
         "noisy_person_count": round(mom.n_noisy, 1),

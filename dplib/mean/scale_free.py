@@ -114,6 +114,7 @@ from dplib.mean.scale_free_stages import (  # the early stages; re-exported (see
     tail_counts,
     tail_from_profile,
     unseen_note,
+    stages_run,
     unseen_persons,
     zero_atom_reason,
 )
@@ -516,6 +517,7 @@ def scale_free_person_mean(
             "tail_flag": tail_flag,
             "profile_overflow_share": round(overflow, 4),
             "fine_epsilon": b_fine.epsilon,
+            "stages_run": stages_run(accountant.charges[start:], stage_prefix),
             "radius_capped": capped,
             "sharp_end": ended,
             "unseen_flag": unseen_flag,

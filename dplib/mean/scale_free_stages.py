@@ -368,6 +368,15 @@ def overflow_check(signed_counts: dict, top: float, epsilon: float, noise: Noise
     return bool(float(noisy[0]) > OVERFLOW_CONFIRM_SD * math.sqrt(2.0) * scale)
 
 
+def stages_run(charges, prefix: str = "") -> list[dict]:
+    """The stages a run actually charged, in order, with their (epsilon, delta): public (the plan's
+    stage names; which optional stages ran and what the final stage got are functions of earlier
+    DP outputs). A plan lists every stage at its largest share (``parameters.stages``); this says
+    what ran. Post-processing."""
+    return [{"stage": c.stage[len(prefix):] if c.stage.startswith(prefix) else c.stage,
+             "epsilon": c.budget.epsilon, "delta": c.budget.delta} for c in charges]
+
+
 def unseen_persons(profile, epsilon: float) -> float:
     """How many persons could lie beyond the deviation profile's highest visible bin without
     setting the hidden-mass flag: ``FLAG_HIDDEN_SD`` noise sds of the noisy count above it

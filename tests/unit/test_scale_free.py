@@ -1410,3 +1410,25 @@ def test_the_centre_ignores_the_folded_end_bins():
         assert rel.status == STATUS_OK
         off.append(abs(rel.parameters["coarse_center"] - float(y.mean())) / sd)
     assert sum(o < 0.5 for o in off) >= 5
+
+
+def test_stages_run_lists_what_was_charged():
+    """``parameters.stages_run``: the stages the run charged, in order, with their epsilons (the
+    plan's ``stages`` lists every stage at its largest share): equal to the accountant's charges,
+    summing to the release's epsilon; the optional stages (retries, zoom, balance, overflow check)
+    appear only when they ran."""
+    from dplib.mean.scale_free_stages import STAGE_OVERFLOW
+
+    for backend, _ in (_far_pair_backend(0.012), _gaussian_backend(3)[:2]):
+        for seed in range(8):
+            acc = Accountant(DEFAULT_BUDGET)
+            rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(seed), acc, "m: ")
+            run = rel.parameters["stages_run"]
+            assert [r["stage"] for r in run] == [c.stage[len("m: "):] for c in acc.charges]
+            assert [r["epsilon"] for r in run] == [c.budget.epsilon for c in acc.charges]
+            assert sum(r["epsilon"] for r in run) == pytest.approx(rel.epsilon, rel=1e-12)
+            assert run[-1]["stage"] == STAGE_FINE and run[-1]["epsilon"] == rel.parameters["fine_epsilon"]
+            ran = STAGE_OVERFLOW in [r["stage"] for r in run]
+            assert ran == ("overflow_check" in rel.parameters)
+            # the plan lists every stage, at its largest share
+            assert {s["stage"] for s in rel.parameters["stages"]} >= {r["stage"] for r in run}
