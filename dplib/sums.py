@@ -66,7 +66,7 @@ from dplib.mechanisms import NoiseSource, clamp_exact, inflate, laplace_mechanis
 from dplib.seam import Aggregates
 
 ALGORITHM = "scale-free-clipped-sum"
-ALGORITHM_VERSION = "7"  # 7: the overflow check of the shared stages (scale-free mean version 14; 2% of 3,001 persons at +-1e20: unflagged misses 14 -> 2 of 200); 6: no bar (flagged) when the range stays at the zero floor (scale_free_stages.at_zero_floor: a bar of the zero bucket's scale); 5: the shared stages retry a range of only the zero bucket and run a pooled third range run when the first two release nothing (scale-free mean version 8); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
+ALGORITHM_VERSION = "8"  # 8: the shared stages boost the centre share below CENTRE_BOOST_N_EPS persons x epsilon and the tail balance releases four side counts in its one release (scale-free mean version 15); 7: the overflow check of the shared stages (scale-free mean version 14; 2% of 3,001 persons at +-1e20: unflagged misses 14 -> 2 of 200); 6: no bar (flagged) when the range stays at the zero floor (scale_free_stages.at_zero_floor: a bar of the zero bucket's scale); 5: the shared stages retry a range of only the zero bucket and run a pooled third range run when the first two release nothing (scale-free mean version 8); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 STAGE_SUM = "clipped sum"
 #: Early stages: the mean's range, centre and profile shares, no tail balance (its light-tail cap on
 #: the radius suits a mean, whose clipped excesses offset, not a sum of many persons: 12% larger

@@ -18,9 +18,10 @@ from dplib.groups import derive_salt
 from dplib.mechanisms import SeededNoise
 from dplib.summary import person_mean
 from spark_jobs import job as job_mod
-from spark_jobs.config import parse_config
 from spark_jobs.job import plan_job, run_job, statistic_plan
 from spark_jobs.query import matrix_lines, read_delta, write_report
+
+from jobcfg import job_config
 
 pytestmark = pytest.mark.spark
 
@@ -30,17 +31,7 @@ COLS = ["u", "v"]
 
 
 def make_config(input_path, out, stats):
-    return parse_config(
-        {
-            "job_name": "bhs-test",
-            "input": {"path": str(input_path), "format": "parquet"},
-            "privacy_unit": {"column": "pid"},
-            "budget": {"epsilon": 1.0, "delta": 4e-4},
-            "statistics": stats,
-            "output": {"path": str(out)},
-            "ledger": {"enabled": False},
-        }
-    )
+    return job_config("bhs-test", input_path, stats, out, epsilon=1.0, delta=4e-4)
 
 
 STATS = [
@@ -311,15 +302,7 @@ def _mixed_units_job(tmp_path, job_name: str, options: dict | None):
     stat = {"name": "cov", "kind": "covariance", "columns": cols, "share": 1.0}
     if options is not None:
         stat["options"] = options
-    return mu, parse_config({
-        "job_name": job_name,
-        "input": {"path": str(path), "format": "parquet"},
-        "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 0.9, "delta": 1e-6},
-        "statistics": [stat],
-        "output": {"path": str(tmp_path / "out")},
-        "ledger": {"enabled": False},
-    })
+    return mu, job_config(job_name, path, [stat], tmp_path / "out", epsilon=0.9, delta=1e-6)
 
 
 def test_clipped_covariance_at_a_thousand_persons_through_the_joint_range_retry(spark, tmp_path):
@@ -396,16 +379,9 @@ def test_mostly_zero_column_releases_no_bar_through_the_job(spark, tmp_path):
     pdf.insert(0, "pid", np.repeat([f"p{i}" for i in range(n)], 2))
     path = tmp_path / "zeros.parquet"
     pdf.to_parquet(path, index=False)
-    cfg = parse_config({
-        "job_name": "cov-zero-atom",
-        "input": {"path": str(path), "format": "parquet"},
-        "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 1.8, "delta": 1e-6},
-        "statistics": [{"name": "cov", "kind": "covariance", "columns": cols, "share": 0.5},
-                       {"name": "mv", "kind": "multivariate_mean", "columns": cols, "share": 0.5}],
-        "output": {"path": str(tmp_path / "out")},
-        "ledger": {"enabled": False},
-    })
+    cfg = job_config("cov-zero-atom", path, [{"name": "cov", "kind": "covariance", "columns": cols, "share": 0.5},
+                                             {"name": "mv", "kind": "multivariate_mean", "columns": cols, "share": 0.5}],
+                     tmp_path / "out", epsilon=1.8, delta=1e-6)
     result = run_job(cfg, spark=spark)
     cov_row, mv_row = sorted(result.rows, key=lambda r: r.statistic)
     for row in (cov_row, mv_row):

@@ -21,9 +21,10 @@ import pandas as pd
 import pytest
 
 from dplib.mechanisms import SecureNoise
-from spark_jobs.config import parse_config
 from spark_jobs.job import plan_job, run_job
 from spark_jobs.query import read_delta
+
+from jobcfg import job_config
 
 pytestmark = pytest.mark.spark
 
@@ -102,15 +103,8 @@ def records(tmp_path_factory):
 def config(path, out, job):
     (eps, delta), stats = JOBS[job]
     share = 1.0 / len(stats)
-    return parse_config({
-        "job_name": f"production-{job}",
-        "input": {"path": path, "format": "parquet"},
-        "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": eps, "delta": delta},
-        "statistics": [{"name": name, "share": share, **stat} for name, stat in stats.items()],
-        "output": {"path": str(out)},
-        "ledger": {"enabled": False},
-    })
+    return job_config(f"production-{job}", path, [{"name": name, "share": share, **stat} for name, stat in stats.items()],
+                      out, epsilon=eps, delta=delta)
 
 
 MEDIAN_X = 5.0  # the person means' median is within 0.1 of 5 at 1,000 persons (sd 2 / sqrt(1000) ~ 0.08)
@@ -198,17 +192,8 @@ def test_production_noise_job(spark, records, tmp_path, job):
 
 
 def _one_statistic_config(job_name, path, name, kind, columns, out):
-    """A job of one statistic (the whole budget: epsilon 1, delta 1e-6) on a Parquet file keyed by
-    ``pid``, no ledger."""
-    return parse_config({
-        "job_name": job_name,
-        "input": {"path": str(path), "format": "parquet"},
-        "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 1.0, "delta": 1e-6},
-        "statistics": [{"name": name, "kind": kind, "columns": list(columns), "share": 1.0}],
-        "output": {"path": str(out)},
-        "ledger": {"enabled": False},
-    })
+    """A job of one statistic (the whole budget: epsilon 1, delta 1e-6)."""
+    return job_config(job_name, path, [{"name": name, "kind": kind, "columns": list(columns), "share": 1.0}], out)
 
 
 def test_multivariate_mean_second_range_retry_through_the_job(spark, tmp_path):
@@ -260,15 +245,8 @@ def test_pure_dp_mean_beyond_the_exponent_range_stops_before_the_fine_stage_thro
     pdf.to_parquet(path, index=False)
 
     def run(options, name):
-        cfg = parse_config({
-            "job_name": name,
-            "input": {"path": str(path), "format": "parquet"},
-            "privacy_unit": {"column": "pid"},
-            "budget": {"epsilon": 1.0, "delta": 0.0},
-            "statistics": [{"name": "m", "kind": "mean", "columns": ["v"], "share": 1.0, "options": options}],
-            "output": {"path": str(tmp_path / name)},
-            "ledger": {"enabled": False},
-        })
+        cfg = job_config(name, path, [{"name": "m", "kind": "mean", "columns": ["v"], "share": 1.0, "options": options}],
+                         tmp_path / name, epsilon=1.0, delta=0.0)
         result = run_job(cfg, spark=spark)
         (row,) = result.rows
         assert row.noise_source == SecureNoise.name
@@ -306,19 +284,9 @@ def test_small_data_path_through_the_job(spark, tmp_path):
     path = tmp_path / "small.parquet"
     pdf.to_parquet(path, index=False)
     means = v.mean(axis=1)
-    cfg = parse_config({
-        "job_name": "small-data",
-        "input": {"path": str(path), "format": "parquet"},
-        "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 3.0, "delta": 3e-6},
-        "statistics": [
-            {"name": "m", "kind": "mean", "columns": ["v"], "share": 1 / 3},
-            {"name": "s", "kind": "sum", "columns": ["v"], "share": 1 / 3},
-            {"name": "var", "kind": "variance", "columns": ["v"], "share": 1 / 3},
-        ],
-        "output": {"path": str(tmp_path / "small-out")},
-        "ledger": {"enabled": False},
-    })
+    stats = [{"name": name, "kind": kind, "columns": ["v"], "share": 1 / 3}
+             for name, kind in (("m", "mean"), ("s", "sum"), ("var", "variance"))]
+    cfg = job_config("small-data", path, stats, tmp_path / "small-out", epsilon=3.0, delta=3e-6)
     result = run_job(cfg, spark=spark)
     rows = {r.statistic: r for r in result.rows}
     assert result.epsilon_spent <= 3.0 * (1 + 1e-12)
@@ -376,15 +344,8 @@ def test_zero_floor_releases_no_bar_through_the_job(spark, tmp_path):
     pdf = pd.DataFrame({"pid": np.repeat([f"a{i}" for i in range(n)], 2), "v": np.repeat(mu, 2)})
     path = tmp_path / "mostly_zero.parquet"
     pdf.to_parquet(path, index=False)
-    cfg = parse_config({
-        "job_name": "zero-floor",
-        "input": {"path": str(path), "format": "parquet"},
-        "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 0.9, "delta": 1e-6},
-        "statistics": [{"name": k, "kind": k, "columns": ["v"], "share": 1 / 3} for k in ("mean", "sum", "variance")],
-        "output": {"path": str(tmp_path / "zero-floor-out")},
-        "ledger": {"enabled": False},
-    })
+    cfg = job_config("zero-floor", path, [{"name": k, "kind": k, "columns": ["v"], "share": 1 / 3} for k in ("mean", "sum", "variance")],
+                     tmp_path / "zero-floor-out", epsilon=0.9, delta=1e-6)
     result = run_job(cfg, spark=spark)
     assert len(result.rows) == 3
     for row in result.rows:
@@ -434,15 +395,8 @@ def test_variance_without_a_bar_through_the_job(spark, tmp_path):
     pdf = pd.DataFrame({"pid": np.repeat([f"g{i}" for i in range(n)], 2), "v": np.repeat(mu, 2)})
     path = tmp_path / "gamma.parquet"
     pdf.to_parquet(path, index=False)
-    cfg = parse_config({
-        "job_name": "variance-no-bar",
-        "input": {"path": str(path), "format": "parquet"},
-        "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 2.0, "delta": 1e-6},
-        "statistics": [{"name": k, "kind": k, "columns": ["v"], "share": 0.5} for k in ("variance", "stddev")],
-        "output": {"path": str(tmp_path / "variance-no-bar-out")},
-        "ledger": {"enabled": False},
-    })
+    cfg = job_config("variance-no-bar", path, [{"name": k, "kind": k, "columns": ["v"], "share": 0.5} for k in ("variance", "stddev")],
+                     tmp_path / "variance-no-bar-out", epsilon=2.0, delta=1e-6)
     result = run_job(cfg, spark=spark)
     exact = {"variance": float(mu.var()), "stddev": float(mu.std())}
     assert len(result.rows) == 2
@@ -494,6 +448,19 @@ def test_mean_centre_zoom_through_the_job(spark, tmp_path):
     assert result.epsilon_spent == pytest.approx(1.0)
 
 
+def _uniform_means_job(tmp_path, job_name, cols, n, seed):
+    """``n`` persons with one record each, every column uniform on 5 +- sqrt 3 (person-mean sd 1),
+    and a job of one scale-free mean per column at epsilon 1 and delta 1e-6 each."""
+    rng = np.random.default_rng(seed)
+    pdf = pd.DataFrame({"pid": [f"p{i}" for i in range(n)],
+                        **{c: rng.uniform(5.0 - np.sqrt(3.0), 5.0 + np.sqrt(3.0), n) for c in cols}})
+    path = tmp_path / "uniform.parquet"
+    pdf.to_parquet(path, index=False)
+    k = len(cols)
+    stats = [{"name": c, "kind": "mean", "columns": [c], "share": 1.0 / k} for c in cols]
+    return pdf, job_config(job_name, path, stats, tmp_path / "out", epsilon=float(k), delta=k * 1e-6)
+
+
 def test_mean_sharp_end_through_the_job(spark, tmp_path):
     """The scale-free mean's sharp end (version 13) through a job with the production noise source:
     two columns of uniform person means (30,000 persons, one record each, 5 +- sqrt 3, sd 1), each
@@ -501,22 +468,7 @@ def test_mean_sharp_end_through_the_job(spark, tmp_path):
     in ~97% of runs (numpy, 100 seeds), so in at least one of the two statistics in all but ~0.1%
     of jobs; where it fires the radius is that bin's top, 2.0 (version 12: 3.0), and every release
     lies within five of its own 90% bars of the exact mean (100 of 100 numpy runs)."""
-    rng = np.random.default_rng(15)
-    n = 30_000
-    pdf = pd.DataFrame({"pid": [f"p{i}" for i in range(n)],
-                        "u1": rng.uniform(5.0 - np.sqrt(3.0), 5.0 + np.sqrt(3.0), n),
-                        "u2": rng.uniform(5.0 - np.sqrt(3.0), 5.0 + np.sqrt(3.0), n)})
-    path = tmp_path / "uniform.parquet"
-    pdf.to_parquet(path, index=False)
-    cfg = parse_config({
-        "job_name": "production-sharp-end",
-        "input": {"path": str(path), "format": "parquet"},
-        "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 2.0, "delta": 2e-6},
-        "statistics": [{"name": c, "kind": "mean", "columns": [c], "share": 0.5} for c in ("u1", "u2")],
-        "output": {"path": str(tmp_path / "out")},
-        "ledger": {"enabled": False},
-    })
+    pdf, cfg = _uniform_means_job(tmp_path, "production-sharp-end", ("u1", "u2"), 30_000, 15)
     result = run_job(cfg, spark=spark)
     fired = 0
     for row in result.rows:
@@ -525,7 +477,8 @@ def test_mean_sharp_end_through_the_job(spark, tmp_path):
         col = row.statistic
         if params["sharp_end"]:
             fired += 1
-            assert params["clipping_radius"] <= 2.0 + 1e-9, params["clipping_radius"]
+            # the reach's bin top, grown by the median step's shift (nothing clipped around c')
+            assert params["clipping_radius"] - abs(params["centre_shift"]) <= 2.0 + 1e-9, params["clipping_radius"]
         assert abs(row.estimate[0] - float(pdf[col].mean())) <= 5.0 * float(np.max(row.error_bar))
     assert fired >= 1
     assert result.epsilon_spent == pytest.approx(2.0)
@@ -552,15 +505,8 @@ def test_overflow_check_through_the_job(spark, tmp_path):
     stats = [{"name": f"{c}_{kind}", "kind": kind, "columns": [c], "share": 1 / 8}
              for c in ("a", "b") for kind in ("mean", "sum", "variance")]
     stats += [{"name": f"c_{kind}", "kind": kind, "columns": ["c"], "share": 1 / 8} for kind in ("mean", "sum")]
-    cfg = parse_config({
-        "job_name": "production-overflow-check",
-        "input": {"path": str(path), "format": "parquet"},
-        "privacy_unit": {"column": "pid"},
-        "budget": {"epsilon": 8.0, "delta": 8e-6},
-        "statistics": stats,
-        "output": {"path": str(tmp_path / "out")},
-        "ledger": {"enabled": False},
-    })
+    cfg = job_config("production-overflow-check", path, stats,
+                     tmp_path / "out", epsilon=8.0, delta=8e-6)
     result = run_job(cfg, spark=spark)
     ran = 0
     for row in result.rows:
@@ -577,3 +523,32 @@ def test_overflow_check_through_the_job(spark, tmp_path):
                 assert row.flagged is True and params["tail_flag"] is True
     assert ran >= 1
     assert result.epsilon_spent == pytest.approx(8.0)
+
+
+def test_median_step_and_centre_boost_through_the_job(spark, tmp_path):
+    """The median step and the centre boost (scale-free mean version 15) through a job with the
+    production noise source: three columns of uniform person means (700 persons, one record each,
+    5 +- sqrt 3), each a statistic at epsilon 1. Stage 1's DP count x epsilon (~700) is under 800:
+    the centre is charged 0.12 (stages_run, from the accountant). The centre histogram is flat, so
+    its centre sits ~0.4-0.6 sd off the median; where the tail balance ran, its side counts move
+    the fine stage's centre (fine_center = coarse_center + centre_shift) toward the median
+    (numpy, 30 seeds: 0.38 -> 0.11 sd in median), in at least one of the three statistics in all
+    but a tiny share of jobs; every release lies within five of its own 90% bars of the exact
+    mean, the whole epsilon charged."""
+    pdf, cfg = _uniform_means_job(tmp_path, "production-median-step", ("a", "b", "c"), 700, 16)
+    result = run_job(cfg, spark=spark)
+    moved = 0
+    for row in result.rows:
+        assert row.noise_source == SecureNoise.name and row.status == "OK"
+        params = json.loads(row.parameters)
+        assert params["centre_boosted"] is True
+        centre = [st for st in params["stages_run"] if st["stage"].endswith("centre")]
+        assert len(centre) == 1 and centre[0]["epsilon"] == pytest.approx(0.12)
+        assert params["fine_center"] == pytest.approx(params["coarse_center"] + params["centre_shift"])
+        if params["centre_shift"] != 0.0:
+            moved += 1
+            med = float(pdf[row.statistic].median())
+            assert abs(params["fine_center"] - med) < abs(params["coarse_center"] - med) + 0.2
+        assert abs(row.estimate[0] - float(pdf[row.statistic].mean())) <= 5.0 * float(np.max(row.error_bar))
+    assert moved >= 1
+    assert result.epsilon_spent == pytest.approx(3.0)
