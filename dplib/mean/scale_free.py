@@ -344,6 +344,15 @@ def sharp_end(setup) -> bool:
                 and s_star * setup.n_hat >= SHARP_END_FACTOR * unseen_persons(setup.profile, setup.profile_epsilon))
 
 
+def shifted_bias(model, rho: float, shift: float, low: float) -> float:
+    """A bound on the clipping bias at radius ``rho`` around ``c + shift`` from a tail model of
+    ``|Y - c|`` (post-processing): every person has ``|Y - c - shift| <= |Y - c| + |shift|``, so
+    the clipped excess is at most the model's beyond ``t = rho - |shift|``; the model is read no
+    lower than ``low`` (its span), plus ``low - t`` per person when ``t`` falls below it."""
+    t = rho - abs(shift)
+    return float(model.bias(max(t, low))) + max(low - t, 0.0)
+
+
 def balanced_radius(model, low: float, high: float, n_eps: float, centre_error: float) -> float:
     """Radius minimising ``model.bias(rho) + (rho + w(rho)) / n_eps`` on a log grid in [low, high].
 
@@ -481,12 +490,14 @@ def scale_free_person_mean(
     # |Y - c - shift| <= |Y - c| + |shift|, so the clipped excess beyond rho around the moved centre
     # is at most the profile's beyond rho - |shift| around c: the bar's bound is read there
     # (a sharp end clips nothing around c at rho: the radius grows by |shift| there, so nothing is
-    # clipped around the moved centre either, and the bound is read at the old radius)
+    # clipped around the moved centre either, and the bound is read at the old radius). Below the
+    # model's lowest edge `low` the bound is read at `low` plus what lies between: for t < low,
+    # (x - t)+ <= (x - low)+ + (low - t)
     shift = median_shift(setup) if MEDIAN_STEP else 0.0
     center = center + shift
     if ended:
         rho = rho + abs(shift)
-    bias_bound = bar_bias(bar_model, lambda m: m.bias(max(rho - abs(shift), setup.low)))
+    bias_bound = bar_bias(bar_model, lambda m: shifted_bias(m, rho, shift, setup.low))
     b_fine = charge(STAGE_FINE, eps_fine)
     c = count_weight(rho, min(centre_error, rho))
     fine = centred_clip_and_noise(backend, column, center, rho, c, group, b_fine.epsilon, noise)

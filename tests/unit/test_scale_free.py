@@ -1449,7 +1449,7 @@ def test_stages_run_lists_what_was_charged():
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("extra", [1e300, -1e300, 1.7e308, -1.7e308, 10.0, 11.0, 9.0, 10.0 + 2.0**-1070, 2.0**40])
+@pytest.mark.parametrize("extra", [1e300, -1e300, 1.7e308, -1.7e308, 10.0, 11.0, 9.0, 2.0**40])
 def test_the_side_counts_move_by_at_most_one_person(extra):
     """The tail balance's four exact counts (beyond +x_a, beyond -x_a, in (0, x_a), in (-x_a, 0)
     around c) against numpy, and under add/remove of one person, extreme or exactly at c or at
@@ -1467,7 +1467,22 @@ def test_the_side_counts_move_by_at_most_one_person(extra):
     oracle = [np.sum(d >= 1.0), np.sum(d <= -1.0), np.sum((d > 0) & (d < 1.0)), np.sum((d < 0) & (d > -1.0))]
     assert a.tolist() == [float(v) for v in oracle]
     assert float(np.sum(np.abs(b - a))) <= 1.0
-    assert float(np.sum(np.abs(b - a))) == (0.0 if extra == 10.0 or extra == 10.0 + 2.0**-1070 else 1.0)
+    assert float(np.sum(np.abs(b - a))) == (0.0 if extra == 10.0 else 1.0)
+
+
+@pytest.mark.parametrize("extra", [0.0, 5e-324, -5e-324, 2.0**-1021, -(2.0**-1021), 2.0**-1020, 1.0])
+def test_the_side_counts_leave_out_only_persons_at_the_centre(extra):
+    """Around c = 0 a person within 2^MIN_EXPONENT of c (the zero bin, sign unknown) is in none of
+    the four counts; one at or beyond it in exactly one: l1 sensitivity at most 1 either way."""
+    from dplib.aggregates import MIN_EXPONENT
+    from dplib.mean.scale_free_stages import side_counts
+
+    y = np.random.default_rng(12).normal(0.0, 1.0, 500)
+    gi = np.random.default_rng(13).integers(0, 2**32, y.size + 1)
+    base = NumpyAggregates({"v": y}, gi[:-1]).log_histogram("v", 0.0, ALL_PERSONS, SUB)
+    plus = NumpyAggregates({"v": np.append(y, extra)}, gi).log_histogram("v", 0.0, ALL_PERSONS, SUB)
+    moved = float(np.sum(np.abs(side_counts(plus, 1.0, SUB) - side_counts(base, 1.0, SUB))))
+    assert moved == (0.0 if abs(extra) < 2.0**MIN_EXPONENT else 1.0)
 
 
 def test_the_side_counts_are_one_release_charged_as_the_balance():
@@ -1576,3 +1591,26 @@ def test_few_persons_per_epsilon_boost_the_centre(monkeypatch):
     off_boost, _, err_boost = _centre_offsets(y, 30, monkeypatch, step=False, boost=800.0)
     off_plain, _, err_plain = _centre_offsets(y, 30, monkeypatch, step=False, boost=0.0)
     assert off_boost < off_plain, (off_boost, off_plain)
+
+
+@pytest.mark.parametrize("shift", [1.5, -1.5, 12.0])
+def test_the_bar_pays_for_the_median_shift(monkeypatch, shift):
+    """The fine stage clips around c + shift; the bar's bias bound must cover the clipping bias
+    there (read at rho - |shift| of the profile around c, plus the gap below the model's span when
+    the shift exceeds the radius). Forced shifts of 1.5 sd (one tail clipped at ~2 sd: bias
+    ~0.008) and 12 sd (beyond the radius) on Gaussian person means: the bound covers the exact
+    clipping bias around the moved centre in every run; read at rho instead (no shift paid), it
+    is ~1e-4 and fails."""
+    import dplib.mean.scale_free as sf
+
+    monkeypatch.setattr(sf, "median_shift", lambda setup: shift)
+    y = np.random.default_rng(30).normal(5.0, 1.0, 5000)
+    backend = NumpyAggregates({"v": y}, np.random.default_rng(31).integers(0, 2**32, y.size))
+    for seed in range(10):
+        rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(DEFAULT_BUDGET), SeededNoise(seed))
+        p = rel.parameters
+        assert p["centre_shift"] == shift and p["fine_center"] == pytest.approx(p["coarse_center"] + shift)
+        d = y - p["fine_center"]
+        exact_bias = abs(float(np.mean(np.clip(d, -p["clipping_radius"], p["clipping_radius"]) - d)))
+        assert exact_bias > 1e-3  # the forced shift really clips
+        assert p["clipping_bias_bound"] >= exact_bias, (seed, p["clipping_bias_bound"], exact_bias)
