@@ -470,13 +470,10 @@ def tail_balance_read(signed_counts: dict, x_a: float, epsilon: float, noise: No
     """:func:`tail_balance` with a second outcome: ``(balanced, one_sided)``, ``one_sided`` True when
     the larger tail's count is measured (``BALANCE_SD`` noise sds) and exceeds ``BALANCE_RATIO``
     times the smaller one by more than ``BALANCE_SD`` sds of the difference's noise (post-processing
-    of the same two noisy counts; same privacy)."""
-    if not (x_a > 0 and math.isfinite(x_a)):
-        return False, False
-    exact = tail_counts(signed_counts, x_a, sub_edges)
-    noisy, scale = pure_dp_histogram(exact, epsilon, noise)
-    del exact
-    return balance_verdict(float(noisy[0]), float(noisy[1]), scale)
+    of the two outer counts of :func:`tail_balance_sides`'s one release, the production path; same
+    privacy)."""
+    balanced, one_sided, _ = tail_balance_sides(signed_counts, x_a, epsilon, noise, sub_edges)
+    return balanced, one_sided
 
 
 def balance_verdict(above: float, below: float, scale: float) -> tuple[bool, bool]:
