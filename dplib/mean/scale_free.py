@@ -353,17 +353,40 @@ def shifted_bias(model, rho: float, shift: float, low: float) -> float:
     return float(model.bias(max(t, low))) + max(low - t, 0.0)
 
 
+#: The last few (model, low, high) -> (grid, model.biases(grid)): a grouped mean asks the same
+#: shared model for its radius once per group (10^5 groups), with only n_eps and the centre error
+#: differing. Keyed by the model's identity and checked against it (models are frozen).
+_GRID_BIASES: dict = {}
+_GRID_BIASES_MAX = 32
+
+
+def _radius_grid_biases(model, low: float, high: float) -> tuple[np.ndarray, np.ndarray]:
+    key = (id(model), float(low), float(high))
+    hit = _GRID_BIASES.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1], hit[2]
+    octaves = max(math.log2(high / low), 1.0)
+    grid = low * 2.0 ** (np.arange(int(octaves * RADIUS_GRID_PER_OCTAVE) + 1) / RADIUS_GRID_PER_OCTAVE)
+    biases = model.biases(grid)
+    grid.flags.writeable = False
+    biases.flags.writeable = False
+    if len(_GRID_BIASES) >= _GRID_BIASES_MAX:
+        _GRID_BIASES.clear()
+    _GRID_BIASES[key] = (model, grid, biases)
+    return grid, biases
+
+
 def balanced_radius(model, low: float, high: float, n_eps: float, centre_error: float) -> float:
     """Radius minimising ``model.bias(rho) + (rho + w(rho)) / n_eps`` on a log grid in [low, high].
 
     ``n_eps`` is a DP estimate of the number of persons times the fine stage's epsilon, ``w`` the
     count weight of :func:`~dplib.mean.univariate.count_weight`. Post-processing only.
     """
-    octaves = max(math.log2(high / low), 1.0)
-    grid = low * 2.0 ** (np.arange(int(octaves * RADIUS_GRID_PER_OCTAVE) + 1) / RADIUS_GRID_PER_OCTAVE)
+    grid, biases = _radius_grid_biases(model, low, high)
     n_eps = max(n_eps, 1.0)
-    w = np.array([count_weight(float(rho), min(centre_error, float(rho))) for rho in grid])
-    cost = model.biases(grid) + (grid + w) / n_eps
+    # count_weight over the grid (numpy's pow: within an ulp of the scalar function's)
+    w = np.maximum(np.minimum(centre_error, grid) ** (2.0 / 3.0) * grid ** (1.0 / 3.0), grid / 8.0)
+    cost = biases + (grid + w) / n_eps
     cost = np.where(np.isnan(cost), math.inf, cost)
     if not np.any(cost < math.inf):
         return float(grid[-1])

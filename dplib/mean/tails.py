@@ -46,6 +46,20 @@ def t_abs_survival(u: np.ndarray | float, nu: float) -> np.ndarray:
     return 2.0 * special.stdtr(nu, -np.asarray(u, dtype=float))
 
 
+def t_pdf(u: np.ndarray | float, nu: float) -> np.ndarray:
+    """Density of ``t_nu`` at ``u`` (finite ``nu > 0``): scipy's ``t._logpdf`` expression,
+    ``exp(log poch(nu/2, 1/2) - (log nu + log pi)/2 - (nu + 1)/2 log1p(u^2/nu))``, without
+    ``stats.t.pdf``'s generic argument handling (~20x faster per call; the grouped mean's radius
+    search calls it once per group). Equal to ``stats.t.pdf`` to rounding (tested)."""
+    u = np.asarray(u, dtype=float)
+    if not math.isfinite(nu):
+        return stats.t.pdf(u, nu)
+    nu_ = np.float64(nu)
+    with np.errstate(over="ignore"):  # u^2 beyond 1e308: log1p(inf) = inf, density 0
+        return np.exp(np.log(special.poch(0.5 * nu_, 0.5)) - 0.5 * (np.log(nu_) + np.log(np.pi))
+                      - (nu_ + 1) / 2 * np.log1p(u * u / nu_))
+
+
 def t_abs_excess(u: float, nu: float) -> float:
     """``E[(|T| - u)+] = integral_u^inf P(|T| >= x) dx`` for ``T ~ t_nu``, ``u >= 0``; inf for nu <= 1.
 
@@ -54,7 +68,7 @@ def t_abs_excess(u: float, nu: float) -> float:
     """
     if nu <= 1.0:
         return math.inf
-    val = 2.0 * ((nu + u * u) / (nu - 1.0) * stats.t.pdf(u, nu) - u * special.stdtr(nu, -u))
+    val = 2.0 * ((nu + u * u) / (nu - 1.0) * float(t_pdf(u, nu)) - u * special.stdtr(nu, -u))
     return max(float(val), 0.0)
 
 
@@ -179,7 +193,7 @@ class StudentTail:
         if base <= 0:
             return total
         u = np.maximum(r, x_star) / self.scale
-        excess = np.maximum(2.0 * ((nu + u * u) / (nu - 1.0) * stats.t.pdf(u, nu) - u * special.stdtr(nu, -u)), 0.0)
+        excess = np.maximum(2.0 * ((nu + u * u) / (nu - 1.0) * t_pdf(u, nu) - u * special.stdtr(nu, -u)), 0.0)
         return total + s_star * self.scale * excess / base
 
 

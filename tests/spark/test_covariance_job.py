@@ -310,11 +310,15 @@ def test_clipped_covariance_at_a_thousand_persons_through_the_joint_range_retry(
     coordinate sds (1, 10, 0.1, 3) about 5, eps 0.9. Stage 1's per-coordinate range runs miss
     coordinates at this size (before the joint-norm retry: 1 release in 40); the joint retry gives
     them a range and the job releases a PSD matrix with every entry inside 2 of its 90% bars.
-    Numpy twin of this data and plan with the secure source (build/scratch/cov_joint_twin.py,
-    300 runs, 2026-12-05, with the joint coordinates' shared scale): released in every run, the
-    joint retry in every run, worst |error| / bar 0.58, median relative Frobenius error 0.18
-    (seeded, 3,000 runs before the shared scale: two stopped by the lost-range rule, worst 1.98
-    bars)."""
+    Since version 9 (no bar when stage 1's norm profile measured no tail) some runs release no
+    bar, flagged, and the test takes that outcome: numpy twin of this data and plan
+    (build/scratch/cov_joint_twin.py, 300 seeded runs, 2026-12-07, version 11): 299 released, 1
+    INSUFFICIENT_DATA (stage 1's range), 16 of them without a bar (flagged; this job test met it
+    in 2 of ~65 runs with the production source), the joint retry in 299; with a bar the worst
+    |error| / bar median 0.07, max 0.85. The no-bar runs are real failures the flag names: 10 of
+    the 16 have relative Frobenius errors 40-590 (stage 1's shared joint scale ~48 against ~8 in
+    the others, its centre 77 off on `b`); the bars that cover are wide because the shared scale
+    (~8) is 80x `c`'s sd (a known small-data defect, not fixed here)."""
     mu, cfg = _mixed_units_job(tmp_path, "cov-joint", {"estimator": "clipped"})
     assert "releases from about 342 persons at this budget" in plan_job(cfg).render()
     result = run_job(cfg, spark=spark)
@@ -329,6 +333,10 @@ def test_clipped_covariance_at_a_thousand_persons_through_the_joint_range_retry(
     cov = np.array(row.estimate).reshape(4, 4)
     assert np.allclose(cov, cov.T) and np.all(np.linalg.eigvalsh(cov) >= -1e-9 * np.abs(cov).max())
     exact = np.cov(mu.T, bias=True)
+    if row.error_bar is None:  # stage 1's norm profile measured no tail: flagged, covers nothing
+        assert params["tail_flag"] and row.error_covers.startswith("nothing"), row.error_covers
+        assert params["stage1_norm_profile_empty"] is True
+        return
     bar = np.array(row.error_bar).reshape(4, 4)
     assert np.all(np.abs(cov - exact) <= 2.0 * bar), (cov, exact, bar)
 

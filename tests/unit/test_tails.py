@@ -120,3 +120,40 @@ def test_bar_tail_takes_the_bar_floor_and_bar_bias_falls_back_where_infinite():
     # nan nu_bar (a model not from tail_from_profile): unchanged
     plain = StudentTail(xs, ss, 1.0, 3.0, 2.0, True)
     assert bar_tail(plain) is plain
+
+
+def test_t_pdf_is_scipys_density():
+    """The fast density (the grouped mean's radius search calls it once per group) against
+    ``scipy.stats.t.pdf`` over nu in [0.5, 1000] and u from 0 to beyond sqrt(max float)."""
+    from dplib.mean.tails import t_pdf
+
+    rng = np.random.default_rng(3)
+    for nu in np.exp(rng.uniform(math.log(0.5), math.log(1000.0), 400)):
+        u = np.concatenate([rng.uniform(0, 50, 30), rng.uniform(0, 1, 5), [0.0, 1e-300, 1e200, 1e300]])
+        with np.errstate(over="ignore"):
+            np.testing.assert_allclose(t_pdf(u, float(nu)), stats.t.pdf(u, nu), rtol=1e-14, atol=0)
+        assert float(t_pdf(2.5, float(nu))) == pytest.approx(float(stats.t.pdf(2.5, nu)), rel=1e-14)
+    assert float(t_pdf(1.0, math.inf)) == pytest.approx(float(stats.norm.pdf(1.0)), rel=1e-14)
+
+
+def test_balanced_radius_reuses_a_models_grid_and_equals_the_direct_minimum():
+    """``balanced_radius`` keeps the last models' bias grids (a grouped mean asks one shared model
+    once per group): every answer equals a direct scan of ``model.bias(rho) + (rho + w) / n_eps``
+    over the same grid, for the cached model and for a new one asked in between."""
+    from dplib.mean.scale_free import RADIUS_GRID_PER_OCTAVE, _GRID_BIASES, balanced_radius
+    from dplib.mean.univariate import count_weight
+
+    def direct(model, low, high, n_eps, ce):
+        k = int(max(math.log2(high / low), 1.0) * RADIUS_GRID_PER_OCTAVE) + 1
+        grid = low * 2.0 ** (np.arange(k) / RADIUS_GRID_PER_OCTAVE)
+        cost = [model.bias(float(r)) + (r + count_weight(float(r), min(ce, float(r)))) / max(n_eps, 1.0) for r in grid]
+        return float(grid[int(np.argmin(cost))])
+
+    a = StudentTail(np.array([0.0, 1.0, 2.0]), np.array([1.0, 0.4, 0.1]), 0.8, 4.0, 3.0, True)
+    b = StudentTail(np.array([0.0, 5.0]), np.array([1.0, 0.3]), 4.0, 2.5, 1.8, True)
+    rng = np.random.default_rng(5)
+    for i in range(60):
+        model = a if i % 3 else b
+        n_eps, ce = float(10 ** rng.uniform(0, 5)), float(10 ** rng.uniform(-3, 1))
+        assert balanced_radius(model, 0.05, 400.0, n_eps, ce) == direct(model, 0.05, 400.0, n_eps, ce)
+    assert len(_GRID_BIASES) >= 2 and all(not v[2].flags.writeable for v in _GRID_BIASES.values())
