@@ -60,28 +60,39 @@ class SecureNoise:
     name = "opendp-0.16"
     secure = True
 
+    #: Measurements kept per (kind, scale): a grouped statistic draws with the same scale for many
+    #: groups (the count's 1/eps_c), and building the domain and the measurement cost ~0.5 ms of
+    #: a ~0.8 ms draw. A measurement holds no state between invocations (each draws afresh).
+    _CACHE_MAX = 256
+
     def __init__(self) -> None:
         dp.enable_features("contrib")
         self._dp = dp
+        self._domain = dp.vector_domain(dp.atom_domain(T=float, nan=False))
+        self._metrics = {"laplace": dp.l1_distance(T=float), "gaussian": dp.l2_distance(T=float)}
+        self._measurements: dict[tuple[str, float], object] = {}
 
-    def _domain(self):
-        dp = self._dp
-        return dp.vector_domain(dp.atom_domain(T=float, nan=False))
+    def _measurement(self, kind: str, scale: float):
+        key = (kind, scale)
+        meas = self._measurements.get(key)
+        if meas is None:
+            make = self._dp.m.make_laplace if kind == "laplace" else self._dp.m.make_gaussian
+            meas = make(self._domain, self._metrics[kind], scale=scale)
+            if len(self._measurements) >= self._CACHE_MAX:
+                self._measurements.clear()
+            self._measurements[key] = meas
+        return meas
 
     def add_laplace(self, values: np.ndarray, scale: float) -> np.ndarray:
         scale = _check_scale(scale, "Laplace scale")
         arr = _check_values(values)
-        dp = self._dp
-        meas = dp.m.make_laplace(self._domain(), dp.l1_distance(T=float), scale=scale)
-        out = np.asarray(meas([float(v) for v in arr.ravel()]), dtype=np.float64)
+        out = np.asarray(self._measurement("laplace", scale)(arr.ravel().tolist()), dtype=np.float64)
         return out.reshape(arr.shape)
 
     def add_gaussian(self, values: np.ndarray, sigma: float) -> np.ndarray:
         sigma = _check_scale(sigma, "Gaussian sigma")
         arr = _check_values(values)
-        dp = self._dp
-        meas = dp.m.make_gaussian(self._domain(), dp.l2_distance(T=float), scale=sigma)
-        out = np.asarray(meas([float(v) for v in arr.ravel()]), dtype=np.float64)
+        out = np.asarray(self._measurement("gaussian", sigma)(arr.ravel().tolist()), dtype=np.float64)
         return out.reshape(arr.shape)
 
 

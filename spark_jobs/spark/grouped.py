@@ -68,10 +68,9 @@ class SparkGroupedAggregates(SparkAggregates):
     # --- one method per seam question -------------------------------------------------------
 
     def _grouped_count(self, static, per_group):
-        rows = self._collect(
-            self._where(static["columns"], static["group"]).where(F.col(GID).isin(list(per_group)))
-            .groupBy(GID).count()
-        )
+        # every group's count in one aggregation, the groups not asked dropped on the driver: an
+        # ``isin`` of 10^4-10^5 literals cost more than the aggregation (12 s at 10^4 groups)
+        rows = self._collect(self._where(static["columns"], static["group"]).groupBy(GID).count())
         got = {int(r[GID]): int(r["count"]) for r in rows}
         return {g: got.get(g, 0) for g in per_group}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import typing
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 from pyspark.sql import types as T
 
@@ -49,6 +49,12 @@ def long_schema() -> T.StructType:
     return _schema(LongRow, LONG_NULLABLE)
 
 
+def _row_tuple(row) -> tuple:
+    """A dataclass row's field values in order (``asdict`` deep-copies every nested value: 8 s
+    for 2 x 10^4 rows)."""
+    return tuple(getattr(row, f.name) for f in fields(row))
+
+
 def write_long(spark, rows: list[ReleaseRow], output_path: str) -> str | None:
     """Append the long-format rows of ``rows`` to ``<output_path>/releases_long`` (one Delta
     commit; derived from the releases, so a crash before it loses nothing:
@@ -56,7 +62,7 @@ def write_long(spark, rows: list[ReleaseRow], output_path: str) -> str | None:
     if not rows:
         return None
     table = output_path.rstrip("/") + "/" + RELEASES_LONG_TABLE
-    data = [tuple(asdict(r).values()) for r in long_rows(rows)]
+    data = [_row_tuple(r) for r in long_rows(rows)]
     df = spark.createDataFrame(data, schema=long_schema()).coalesce(1)
     df.write.format("delta").mode("append").option("mergeSchema", "true").save(table)
     return table
@@ -65,7 +71,7 @@ def write_long(spark, rows: list[ReleaseRow], output_path: str) -> str | None:
 def write_releases(spark, rows: list[ReleaseRow], output_path: str) -> str:
     """Append ``rows`` to ``<output_path>/releases`` in one Delta commit; returns the table path."""
     table = output_path.rstrip("/") + "/" + RELEASES_TABLE
-    data = [tuple(asdict(r).values()) for r in rows]
+    data = [_row_tuple(r) for r in rows]
     df = spark.createDataFrame(data, schema=release_schema()).coalesce(1)
     # mergeSchema: a table written before a column was added (``flagged``) gains it; older rows read null
     df.write.format("delta").mode("append").option("mergeSchema", "true").save(table)

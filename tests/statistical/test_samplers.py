@@ -69,6 +69,24 @@ def test_secure_noise_distribution(kind):
         assert _ks_p(bad, kind, scale) < SECURE_ALPHA
 
 
+@pytest.mark.parametrize("kind", ["laplace", "gaussian"])
+def test_secure_noise_reused_measurements_draw_afresh(kind):
+    """The secure source keeps its measurements per scale (a grouped statistic draws one value per
+    group at a few scales): 3,000 one-value draws alternating two scales are independent draws of
+    each scale's distribution (KS, lag-1 correlation), and the same test rejects when the scales
+    are swapped (power)."""
+    noise = SecureNoise()
+    a, b = [], []
+    for i in range(3_000):
+        (a if i % 2 == 0 else b).append(_draw(noise, kind, 1, 1.0 if i % 2 == 0 else 7.0)[0])
+    a, b = np.array(a), np.array(b)
+    assert _ks_p(a, kind, 1.0) > SECURE_ALPHA and _ks_p(b, kind, 7.0) > SECURE_ALPHA
+    assert abs(np.corrcoef(a[:-1], a[1:])[0, 1]) < 5 / math.sqrt(len(a) - 1)
+    assert len(np.unique(a)) == len(a)
+    # power: the same samples read as the other scale are rejected
+    assert _ks_p(a, kind, 7.0) < SECURE_ALPHA and _ks_p(b, kind, 1.0) < SECURE_ALPHA
+
+
 def test_secure_noise_keeps_shape_and_is_not_constant():
     out = SecureNoise().add_laplace(np.zeros((3, 4)), 1.0)
     assert out.shape == (3, 4)
