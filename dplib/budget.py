@@ -102,6 +102,10 @@ def composed_cost(charges: list[Charge] | tuple[Charge, ...]) -> tuple[float, fl
     """
     if not charges:
         return 0.0, 0.0
+    g0 = charges[0].group
+    if all(c.group is g0 or c.group == g0 for c in charges):
+        # one hash range (every charge of an ungrouped statistic, or of one group): one segment
+        return math.fsum(c.budget.epsilon for c in charges), math.fsum(c.budget.delta for c in charges)
     cuts = sorted({c.group.lo for c in charges} | {c.group.hi for c in charges})
     eps_max = 0.0
     delta_max = 0.0

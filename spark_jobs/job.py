@@ -231,9 +231,12 @@ def release_row(cfg: JobConfig, stat: StatisticConfigBase, rel: Release, *, run_
     )
 
 
-def sync_long_table(spark, output_path: str) -> int:
+def sync_long_table(spark, output_path: str, committed: tuple[str, list[ReleaseRow]] | None = None) -> int:
     """Write the ``releases_long`` rows of every run in ``releases`` that has none yet (the run
-    just committed, and any whose long rows a crash lost). Returns the number of runs written."""
+    just committed, and any whose long rows a crash lost). Returns the number of runs written.
+
+    ``committed``: (run id, rows) of the run just committed, to take its rows from memory rather
+    than read them back (2 x 10^5 grouped rows: 16 s); any other missing run is read back."""
     from spark_jobs.spark.releases import write_long  # lazy: Spark
 
     base = output_path.rstrip("/")
@@ -247,7 +250,8 @@ def sync_long_table(spark, output_path: str) -> int:
     except FileNotFoundError:
         done = set()
     missing = sorted(released - done)
-    rows = [r for rid in missing for r in stored_release(table, rid)]
+    rows = [r for rid in missing
+            for r in (committed[1] if committed is not None and rid == committed[0] else stored_release(table, rid))]
     if rows:
         write_long(spark, rows, output_path)
         log.info("releases_long: %d run(s) written", len(missing))
@@ -465,7 +469,7 @@ def run_job(
         table = write_releases(spark, rows, output_path)
         point("after_release_commit")
         try:  # derived from the committed releases: a failure here loses nothing (rebuilt next run)
-            sync_long_table(spark, output_path)
+            sync_long_table(spark, output_path, (run_id, rows))
         except Exception as err:  # noqa: BLE001 - reported, and repaired by the next run
             log.error("releases_long not updated (%s); the next run of a job writing to %s rebuilds it",
                       type(err).__name__, output_path)

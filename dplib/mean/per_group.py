@@ -58,6 +58,7 @@ ungrouped estimator's bar.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -280,9 +281,20 @@ class SharedScalePlan:
 def pooled_unmeasured_share(s: ScaleFreeSetup) -> float:
     """The share of the persons beyond the furthest edge the pooled deviation profile measured (1
     when it measured nothing beyond its first edge): :func:`unmeasured_share` of its measured
-    survival. Post-processing of the shared stages' DP profile."""
+    survival. Post-processing of the shared stages' DP profile (the same setup for every group:
+    computed once per setup)."""
+    hit = _UNMEASURED.get(id(s))
+    if hit is not None and hit[0] is s:
+        return hit[1]
     _, survival, _, limit = measured_survival(s.profile, s.profile_epsilon, MEASURED_SD, True)
-    return unmeasured_share(survival, limit)
+    share = unmeasured_share(survival, limit)
+    if len(_UNMEASURED) >= 16:
+        _UNMEASURED.clear()
+    _UNMEASURED[id(s)] = (s, share)
+    return share
+
+
+_UNMEASURED: dict = {}
 
 
 #: The text of a pooled-path release without a bar because the pooled profile measured nothing
@@ -419,7 +431,8 @@ class GroupMeanPlan:
                                  shared_range=True)
 
     def charges(self, prefix: str = "") -> list[Charge]:
-        return [Charge(f"{prefix}{STAGE_COUNT}", self.count_budget, self.group)] + self.inner.charges(prefix)
+        # the same plan for every group of a statistic (10^5 groups): built once (charges are frozen)
+        return list(_group_plan_charges(self, prefix))
 
     def cost(self) -> Budget:
         eps, delta = composed_cost(self.charges())
@@ -433,6 +446,11 @@ class GroupMeanPlan:
             "tail_nu_cap": self.k,
             "own_stages_n_eps": OWN_STAGES_N_EPS,
         }
+
+
+@functools.lru_cache(maxsize=64)
+def _group_plan_charges(plan: GroupMeanPlan, prefix: str) -> tuple[Charge, ...]:
+    return tuple([Charge(f"{prefix}{STAGE_COUNT}", plan.count_budget, plan.group)] + plan.inner.charges(prefix))
 
 
 def _insufficient(reason: str, plan: "GroupMeanPlan", params: dict) -> MeanRelease:

@@ -63,7 +63,7 @@ def write_long(spark, rows: list[ReleaseRow], output_path: str) -> str | None:
         return None
     table = output_path.rstrip("/") + "/" + RELEASES_LONG_TABLE
     data = [_row_tuple(r) for r in long_rows(rows)]
-    df = spark.createDataFrame(data, schema=long_schema()).coalesce(1)
+    df = spark.createDataFrame(data, schema=long_schema(), verifySchema=False).coalesce(1)
     df.write.format("delta").mode("append").option("mergeSchema", "true").save(table)
     return table
 
@@ -72,7 +72,7 @@ def write_releases(spark, rows: list[ReleaseRow], output_path: str) -> str:
     """Append ``rows`` to ``<output_path>/releases`` in one Delta commit; returns the table path."""
     table = output_path.rstrip("/") + "/" + RELEASES_TABLE
     data = [_row_tuple(r) for r in rows]
-    df = spark.createDataFrame(data, schema=release_schema()).coalesce(1)
+    df = spark.createDataFrame(data, schema=release_schema(), verifySchema=False).coalesce(1)
     # mergeSchema: a table written before a column was added (``flagged``) gains it; older rows read null
     df.write.format("delta").mode("append").option("mergeSchema", "true").save(table)
     return table

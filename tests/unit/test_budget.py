@@ -209,3 +209,23 @@ def test_composed_cost_matches_brute_force_on_random_intervals(seed):
     # monotone); with limit_eps = 0.9 * exp_eps the full set must overspend.
     should_refuse = exp_eps > limit_eps * (1 + 1e-12) or exp_delta > limit_delta * (1 + 1e-12)
     assert refused == should_refuse
+
+
+def test_composed_cost_one_range_fast_path_equals_the_segment_scan():
+    """The one-range shortcut of ``composed_cost`` (every charge on one hash range: an ungrouped
+    statistic, or one group) gives what the segment scan gives, and a second range still goes
+    through the scan (parallel composition: the max over segments, not the sum)."""
+    from dplib.budget import Charge, composed_cost
+    from dplib.groups import ALL_PERSONS, GroupRange
+
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        charges = [Charge(f"s{i}", Budget(float(e), float(d)), ALL_PERSONS)
+                   for i, (e, d) in enumerate(zip(rng.uniform(0, 1, 5), rng.uniform(0, 1e-6, 5)))]
+        eps, delta = composed_cost(charges)
+        assert eps == math.fsum(c.budget.epsilon for c in charges) and delta == math.fsum(c.budget.delta for c in charges)
+    half_a, half_b = GroupRange(0.0, 0.5), GroupRange(0.5, 1.0)
+    two = [Charge("a", Budget(0.3, 0.0), half_a), Charge("b", Budget(0.5, 1e-7), half_b), Charge("c", Budget(0.1, 0.0), half_a)]
+    assert composed_cost(two) == (pytest.approx(0.5), pytest.approx(1e-7))
+    same = [Charge("a", Budget(0.3, 0.0), GroupRange(0.0, 0.5)), Charge("b", Budget(0.2, 0.0), GroupRange(0.0, 0.5))]
+    assert composed_cost(same) == (pytest.approx(0.5), 0.0)
