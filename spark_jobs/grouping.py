@@ -39,7 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dplib.budget import Accountant, Budget, Charge, composed_cost
-from dplib.grouped import GroupedAggregates, run_per_group
+from dplib.grouped import GroupedAggregates, GroupedNoise, run_per_group
 from dplib.mechanisms import laplace_mechanism
 from dplib.partitions import ALGORITHM as SELECTION_ALGORITHM
 from dplib.partitions import ALGORITHM_VERSION as SELECTION_VERSION
@@ -235,8 +235,10 @@ def run_grouped(
     if plan.shared is not None:
         shared = kind.run_shared(stat, plan.shared, pooled(), ctx)
 
+    gnoise = GroupedNoise(ctx.noise)  # the groups' draws, batched per scale by the scheduler
+
     def body(gid, proxy):
-        gctx = RunContext(cfg=ctx.cfg, records=None, summary=None, aggregates=proxy, salt=ctx.salt, noise=ctx.noise,
+        gctx = RunContext(cfg=ctx.cfg, records=None, summary=None, aggregates=proxy, salt=ctx.salt, noise=gnoise,
                           accountant=Accountant(plan.group_budget), prepared=ctx.prepared, shared=shared)
         return kind.run(inner_stat, plan.inner, gctx)
 
@@ -246,7 +248,7 @@ def run_grouped(
     first_keys = keys if plan.selection is not None else None
     joint = kind.joint_stages(stat, plan.shared, shared, lambda: backend_for(first_keys, first_only=True), ctx) \
         if plan.shared is not None else {}
-    run = run_per_group(list(range(len(keys))), body, backend, progress=progress, joint=joint)
+    run = run_per_group(list(range(len(keys))), body, backend, progress=progress, joint=joint, noise=ctx.noise)
     extra = {**plan.describe(), "statistic_epsilon": stat.budget(ctx.cfg).epsilon,
              "statistic_delta": stat.budget(ctx.cfg).delta}
     out = []
