@@ -13,10 +13,9 @@ So ``G`` groups cost as many backend calls as one group has stages, not ``G`` ti
 the estimators run unchanged.
 
 Noise, budgets and mechanisms are the estimator's as usual: each group charges its accountant and
-then draws its noise on the driver, in its own greenlet. With ``noise`` given to
-:func:`run_per_group`, a group draws through :class:`GroupedNoise`: its draw waits like a question,
-and the scheduler draws every waiting group's values of one (distribution, scale) in one call of
-the real source (independent noise per value, the same mechanism as one call per group; the
+then draws its noise on the driver, in its own greenlet. A group drawing through
+:class:`GroupedNoise` waits like a question, and the scheduler draws every waiting group's values of
+one (source, distribution, scale) in one call of that source (independent noise per value, the same mechanism as one call per group; the
 secure source's per-call cost dominated 10^5 groups' run), concatenated in the order of ``gids``.
 """
 
@@ -24,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -131,8 +130,9 @@ class NoiseRequest:
 
     gid: Hashable
     kind: str
-    values: np.ndarray
+    values: np.ndarray = field(repr=False)  # exact: never in a repr
     scale: float
+    source: Any = field(repr=False)  # the real source the group's GroupedNoise wraps
 
 
 class GroupedNoise:
@@ -154,7 +154,9 @@ class GroupedNoise:
         cur = greenlet.getcurrent()
         if not getattr(cur, "_dp_group", False):
             return getattr(self._source, f"add_{kind}")(arr, scale)
-        return cur.parent.switch(NoiseRequest(cur._dp_group_id, kind, arr, scale)).value
+        # a copy: the draw happens after other groups have run
+        return cur.parent.switch(NoiseRequest(cur._dp_group_id, kind, np.array(arr, dtype=np.float64), scale,
+                                              self._source)).value
 
     def add_laplace(self, values, scale: float) -> np.ndarray:
         return self._draw("laplace", values, scale, "Laplace scale")
@@ -170,16 +172,16 @@ class GroupedNoise:
         return getattr(self._source, name)
 
 
-def _draw_batched(source, requests: list[NoiseRequest]) -> dict:
-    """``{gid: noised values}``: one call of ``source`` per (kind, scale), the requests' values
-    concatenated in the given order and split back (each keeps its shape)."""
-    by_key: dict[tuple[str, float], list[NoiseRequest]] = {}
+def _draw_batched(requests: list[NoiseRequest]) -> dict:
+    """``{gid: noised values}``: one call of each request's source per (source, kind, scale), the
+    requests' values concatenated in the given order and split back (each keeps its shape)."""
+    by_key: dict[tuple[int, str, float], list[NoiseRequest]] = {}
     for r in requests:
-        by_key.setdefault((r.kind, r.scale), []).append(r)
+        by_key.setdefault((id(r.source), r.kind, r.scale), []).append(r)
     out = {}
-    for (kind, scale), reqs in by_key.items():
+    for (_, kind, scale), reqs in by_key.items():
         flat = np.concatenate([r.values.ravel() for r in reqs])
-        noised = getattr(source, f"add_{kind}")(flat, scale)
+        noised = getattr(reqs[0].source, f"add_{kind}")(flat, scale)
         at = 0
         for r in reqs:
             n = r.values.size
@@ -260,7 +262,6 @@ def run_per_group(
     columns: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
     joint: Mapping[str, Callable[[dict], dict]] | None = None,
-    noise=None,
 ) -> GroupedRun:
     """Run ``body(gid, proxy)`` for every group, answering their seam questions in batches.
 
@@ -281,10 +282,6 @@ def run_per_group(
         the groups that asked, called once per run, when only joint questions wait (the groups'
         payloads in their ``gids`` order); a group asking it again after that is an error. A
         handler draws any noise itself, once.
-    noise : NoiseSource, optional
-        The real source behind the :class:`GroupedNoise` the bodies draw from: their waiting draws
-        are made in batches (one call per kind and scale). Required if a body draws through a
-        ``GroupedNoise``.
 
     Returns
     -------
@@ -308,8 +305,6 @@ def run_per_group(
     def step(gid, glet, answer=None):
         out = glet.switch() if answer is None else glet.switch(answer)
         if isinstance(out, NoiseRequest):
-            if noise is None:
-                raise InvalidParameterError(f"group {gid!r} drew grouped noise, but run_per_group has no noise source")
             drawing[gid] = (glet, out)
         elif isinstance(out, JointRequest):
             if out.name not in joint:
@@ -327,7 +322,7 @@ def run_per_group(
         # draw again (or ask a question): repeat until no group waits on noise
         while drawing:
             reqs = sorted((r for _, r in drawing.values()), key=lambda r: order[r.gid])
-            noised = _draw_batched(noise, reqs)
+            noised = _draw_batched(reqs)
             for r in reqs:
                 glet, _ = drawing.pop(r.gid)
                 step(r.gid, glet, _Answer(noised[r.gid]))

@@ -248,7 +248,7 @@ def run_grouped(
     first_keys = keys if plan.selection is not None else None
     joint = kind.joint_stages(stat, plan.shared, shared, lambda: backend_for(first_keys, first_only=True), ctx) \
         if plan.shared is not None else {}
-    run = run_per_group(list(range(len(keys))), body, backend, progress=progress, joint=joint, noise=ctx.noise)
+    run = run_per_group(list(range(len(keys))), body, backend, progress=progress, joint=joint)
     extra = {**plan.describe(), "statistic_epsilon": stat.budget(ctx.cfg).epsilon,
              "statistic_delta": stat.budget(ctx.cfg).delta}
     out = []

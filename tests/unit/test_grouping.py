@@ -129,7 +129,7 @@ def test_grouped_noise_draws_all_waiting_groups_of_one_scale_in_one_call():
         c = gnoise.add_gaussian(np.zeros(3), 0.5)
         return n, a, b, c
 
-    run = run_per_group(gids, body, NumpyGroupedAggregates(_backends()), noise=src)
+    run = run_per_group(gids, body, NumpyGroupedAggregates(_backends()))
     assert src.calls[0] == ("laplace", 2.0, 4)  # the shared-scale count: one call for all groups
     assert sorted(src.calls[1:3]) == [("laplace", 1.0, 4), ("laplace", 2.0, 4)]
     assert src.calls[3] == ("gaussian", 0.5, 12) and len(src.calls) == 4
@@ -144,18 +144,29 @@ def test_grouped_noise_draws_all_waiting_groups_of_one_scale_in_one_call():
     assert src.calls[-1] == ("laplace", 3.0, 2)
 
 
-def test_grouped_noise_errors_stay_in_the_group_and_need_a_source():
+def test_grouped_noise_errors_stay_in_the_group_and_each_wrapper_draws_from_its_source():
     """A bad scale or value raises InvalidParameterError in the group that drew (the run stops, as
-    any group's error stops it), and a body drawing grouped noise without ``noise`` is refused."""
+    any group's error stops it); two wrappers of different sources in one run each draw from their
+    own (a release's ``noise_source`` names the source its noise came from), and a values array
+    changed after the draw was asked does not change the draw."""
     from dplib.grouped import GroupedNoise
 
     gnoise = GroupedNoise(_Marking())
     for bad in [lambda: gnoise.add_laplace(np.zeros(1), 0.0), lambda: gnoise.add_gaussian(np.array([np.nan]), 1.0)]:
         with pytest.raises(InvalidParameterError):
             run_per_group([0, 1], lambda g, agg, bad=bad: bad() if g == 1 else agg.count(["x"], ALL_PERSONS),
-                          NumpyGroupedAggregates(_backends(sizes=(10, 10))), noise=_Marking())
-    with pytest.raises(InvalidParameterError, match="no noise source"):
-        run_per_group([0], lambda g, agg: gnoise.add_laplace(np.zeros(1), 1.0), NumpyGroupedAggregates(_backends(sizes=(10,))))
+                          NumpyGroupedAggregates(_backends(sizes=(10, 10))))
+    a, b = _Marking(), _Marking()
+    shared = np.zeros(1)
+
+    def body(g, agg):
+        if g == 1:
+            shared[0] += 5.0  # changed by group 1 after group 0 asked, before the batch is drawn
+        return (GroupedNoise(a) if g == 0 else GroupedNoise(b)).add_laplace(shared, 1.0)
+
+    run = run_per_group([0, 1], body, NumpyGroupedAggregates(_backends(sizes=(10, 10))))
+    assert a.calls == [("laplace", 1.0, 1)] and b.calls == [("laplace", 1.0, 1)]
+    assert run.results[0][0] == 1000.0 and run.results[1][0] == 1005.0
 
 
 def test_grouped_noise_through_the_secure_source_is_laplace_per_group():
@@ -176,7 +187,7 @@ def test_grouped_noise_through_the_secure_source_is_laplace_per_group():
     gnoise = GroupedNoise(src)
     gids = list(range(3_000))
     run = run_per_group(gids, lambda g, agg: float(gnoise.add_laplace(np.array([7.0]), 1.5)[0]) - 7.0,
-                        NumpyGroupedAggregates({g: None for g in gids}), noise=src)
+                        NumpyGroupedAggregates({g: None for g in gids}))
     x = np.array([run.results[g] for g in gids])
     assert Counting.calls == 1
     assert stats.kstest(x, stats.laplace(scale=1.5).cdf).pvalue > 1e-6
