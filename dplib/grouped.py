@@ -30,6 +30,7 @@ import numpy as np
 from greenlet import greenlet
 
 from dplib.errors import InvalidParameterError
+from dplib.mechanisms.noise import _check_scale, _check_values
 
 log = logging.getLogger("person_dp.grouped")
 
@@ -147,8 +148,6 @@ class GroupedNoise:
         self.secure = source.secure
 
     def _draw(self, kind: str, values, scale: float, check_name: str) -> np.ndarray:
-        from dplib.mechanisms.noise import _check_scale, _check_values
-
         scale = _check_scale(scale, check_name)
         arr = _check_values(values)
         cur = greenlet.getcurrent()
