@@ -22,7 +22,10 @@ public function of the plan and the DP n0 (post-processing); whichever branch ru
 (epsilon - epsilon_1, delta)-DP; adaptive sequential composition. When BHS23's parameters are
 outside its proven range at this budget (e.g. epsilon >= 1), stage 2a is impossible and the
 choice is public before any data is read (the count still runs and is reported; it costs the
-clipped branch 2% of epsilon).
+clipped branch 2% of epsilon). With ``bhs=False`` (``estimator: clipped``) BHS23 never runs and the
+count only picks the clipped estimator's layout (small-data below ``SMALL_DATA_N_EPS``): without it
+the large-data layout at 1,000 persons in mixed units put one column's variance 100-700x off in
+16 of 300 runs (benchmarks/results/covariance_clipped.md).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from dplib.seam import Aggregates
 ALGORITHM = "covariance/auto (BHS23 above its gate, clipped below)"
 STAGE_REST = "covariance (BHS23 or clipped, chosen from the DP count)"
 CHOSEN_BHS, CHOSEN_CLIPPED = "bhs23", "clipped"
+CLIPPED_ASKED = "the clipped estimator was asked for (estimator: clipped); the DP count picks its layout"
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,10 @@ class AutoCovariancePlan:
     dummy : tuple of d floats, optional
         BHS23's public padding vector (default zeros).
     group : GroupRange
+    bhs : bool
+        False: never BHS23 (``estimator: clipped``): the DP count only picks the clipped
+        estimator's layout (small-data below ``SMALL_DATA_N_EPS``), and it is read from the
+        aggregates seam (no person vectors needed: the plan can run per group).
 
     Raises
     ------
@@ -86,6 +94,7 @@ class AutoCovariancePlan:
     beta: float = 0.05
     dummy: tuple | None = None
     group: GroupRange = ALL_PERSONS
+    bhs: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, Budget):
@@ -93,6 +102,8 @@ class AutoCovariancePlan:
         self.clipped_plan()  # d >= 2, delta > 0
         check_beta(self.beta)
         check_dummy(self.dummy, self.d)
+        if not isinstance(self.bhs, bool):
+            raise InvalidParameterError(f"bhs must be a bool, got {self.bhs!r}")
         if self.lambda0 is not None and not (isinstance(self.lambda0, (int, float)) and not isinstance(self.lambda0, bool)
                                              and math.isfinite(self.lambda0) and self.lambda0 > 0):
             raise InvalidParameterError(f"lambda0 must be a finite number > 0, got {self.lambda0!r}")
@@ -107,7 +118,9 @@ class AutoCovariancePlan:
 
     def bhs_plan(self) -> PersonBHSPlan | None:
         """BHS23's plan on the whole budget (its count stage is stage 1), or None when its
-        parameters are outside the proven range at this budget (public)."""
+        parameters are outside the proven range at this budget, or the plan never runs it (public)."""
+        if not self.bhs:
+            return None
         try:
             return PersonBHSPlan("covariance", self.budget, self.d, self.lambda0, None, self.beta, self.dummy,
                                  None, self.group)
@@ -116,6 +129,8 @@ class AutoCovariancePlan:
 
     def bhs_unavailable(self) -> str | None:
         """Why BHS23 can never run here (public), or None."""
+        if not self.bhs:
+            return CLIPPED_ASKED
         try:
             PersonBHSPlan("covariance", self.budget, self.d, self.lambda0, None, self.beta, self.dummy, None, self.group)
             return None
@@ -183,8 +198,9 @@ def auto_covariance(
     ----------
     aggregates : Aggregates
         The clipped branch's backend.
-    vectors : NumpyPersonVectors or SparkPersonVectors
-        The person vectors: ``count()`` (exact, never logged) and BHS23's ``backend(...)``.
+    vectors : NumpyPersonVectors or SparkPersonVectors or None
+        The person vectors: ``count()`` (exact, never logged) and BHS23's ``backend(...)``. None
+        only with ``plan.bhs`` False: the count is then ``aggregates.count(columns, plan.group)``.
     columns : list of str
     plan : AutoCovariancePlan
     noise : NoiseSource
@@ -204,17 +220,19 @@ def auto_covariance(
     -------
     (epsilon, delta)-DP under add/remove one person (module docstring).
     """
+    if vectors is None and plan.bhs:
+        raise InvalidParameterError("auto_covariance needs the person vectors unless the plan never runs BHS23")
     accountant = accountant if accountant is not None else Accountant(plan.budget)
     accountant.check(plan.charges(stage_prefix))
     start = len(accountant.charges)
     bhs = plan.bhs_plan()
     need = None if bhs is None else bhs.minimum_persons()
     accountant.charge(f"{stage_prefix}{STAGE_COUNT}", plan.count_budget, plan.group)
-    exact = vectors.count()
+    exact = vectors.count() if vectors is not None else aggregates.count(columns, plan.group)
     fixed = release_lower_bound(exact, plan.count_budget.epsilon, plan.beta, noise)
     choice: dict[str, object] = {"n0": fixed.n0, "noisy_person_count": fixed.noisy_count, "beta": plan.beta,
               "bhs23_minimum_persons": need}
-    if bhs is not None and need is not None and fixed.n0 >= need:
+    if vectors is not None and bhs is not None and need is not None and fixed.n0 >= need:
         out = person_statistic_at_n0(vectors, bhs, fixed, exact, noise, accountant, stage_prefix)
         del exact
         rel = out.release

@@ -47,9 +47,8 @@ def _clipped_needs(p: ClippedCovariancePlan) -> str:
             "; measured at d = 4 and epsilon 0.9 with columns in units 0.1 to 10 (error after putting each column "
             "in its own standard deviations): 1.4x that of a clamped per-entry mean given the data's own bounds "
             "at 1,000-2,000 persons, 1.8x at 700, 2.9x at 500; matrix-wide (relative Frobenius) 0.8-1.1x")
-    return text + ("; without a person count it keeps the large-data layout: below a few thousand persons "
-                   "columns in very different units can share a scale (estimator auto picks the small-data "
-                   "layout from its count)")
+    return text + ("; the large-data layout: below a few thousand persons columns in very different units can "
+                   "share a scale (a DP count picks the small-data layout there)")
 
 
 class CovarianceKind(BHSKind):
@@ -65,7 +64,8 @@ class CovarianceKind(BHSKind):
 
     def plan(self, stat, cfg):
         if stat.options.estimator == "clipped":
-            return ClippedCovariancePlan(budget=stat.budget(cfg), d=len(stat.columns))
+            # a DP person count picks the layout (small data below SMALL_DATA_N_EPS); never BHS23
+            return AutoCovariancePlan(budget=stat.budget(cfg), d=len(stat.columns), bhs=False)
         if stat.options.estimator == "auto":
             o = stat.options
             return AutoCovariancePlan(budget=stat.budget(cfg), d=len(stat.columns), lambda0=o.lambda0, beta=o.beta,
@@ -73,6 +73,16 @@ class CovarianceKind(BHSKind):
         return super().plan(stat, cfg)
 
     def describe(self, name: str, p) -> str:
+        if isinstance(p, AutoCovariancePlan) and not p.bhs:
+            small = p.clipped_plan(0.0)
+            below = int(SMALL_DATA_N_EPS / p.rest_budget.epsilon)
+            return (f"  {name}: clipped covariance, d={p.d}: a DP person count ({p.count_budget.epsilon:.4g} of "
+                    "epsilon) picks the layout of the scale-free multivariate mean that comes first (at "
+                    f"{p.clipped_plan().mean_plan().budget.epsilon:.4g} of epsilon, or at "
+                    f"{small.mean_plan().budget.epsilon:.4g} with its small-data layout when the count is below about "
+                    f"{below:,} persons, which {_clipped_needs(small)}; else INSUFFICIENT_DATA and the second stage "
+                    "is not charged), then Gaussian noise on the clipped second and first moments and the count, "
+                    "with per-entry 90% error bars")
         if isinstance(p, AutoCovariancePlan):
             need = p.bhs_minimum_persons()
             bhs = (f"BHS23 when the DP lower bound n0 on the person count is at least {need} (its gate at this "
@@ -94,6 +104,8 @@ class CovarianceKind(BHSKind):
                 "clipped second and first moments and the count, with per-entry 90% error bars")
 
     def run(self, stat, plan, ctx: RunContext) -> Release:
+        if isinstance(plan, AutoCovariancePlan) and not plan.bhs:
+            return self._run_clipped_counted(stat, plan, ctx)
         if isinstance(plan, AutoCovariancePlan):
             return self._run_auto(stat, plan, ctx)
         if not isinstance(plan, ClippedCovariancePlan):
@@ -111,6 +123,22 @@ class CovarianceKind(BHSKind):
             error_bar=_flat(rel.error_bar), error_level=float(rel.error_level),
         )
 
+
+    def _run_clipped_counted(self, stat, plan: AutoCovariancePlan, ctx: RunContext) -> Release:
+        """``estimator: clipped``: the DP count (from the aggregates seam; also per group), then the
+        clipped estimator in the layout it picks."""
+        columns = list(stat.columns)
+        d = len(columns)
+        rel = auto_covariance(ctx.aggregates, None, columns, plan, ctx.noise, ctx.accountant, f"{stat.name}: ")
+        params = {**rel.parameters, "coordinates": columns, "estimate_layout": [d, d], **ctx.summary_extras()}
+        return Release(
+            estimand=ESTIMAND_BHS["covariance"].format(cols=", ".join(columns)), algorithm=CLIPPED_COV_ALGORITHM,
+            algorithm_version=CLIPPED_COV_VERSION, status=rel.status, epsilon=float(rel.epsilon),
+            delta=float(rel.delta),
+            estimate=None if rel.covariance is None else [float(v) for v in np.ravel(rel.covariance)],
+            estimate_shape=[d, d], error_covers=rel.error_covers, parameters=params,
+            error_bar=_flat(rel.error_bar), error_level=float(rel.error_level),
+        )
 
     def _run_auto(self, stat, plan: AutoCovariancePlan, ctx: RunContext) -> Release:
         from spark_jobs.spark.vectors import SparkPersonVectors, vectors_from_summary  # lazy: keeps pyspark out

@@ -10,7 +10,7 @@ import pytest
 
 from dplib.aggregates import NumpyAggregates
 from dplib.budget import Accountant, Budget
-from dplib.covariance.auto import CHOSEN_BHS, CHOSEN_CLIPPED, AutoCovariancePlan, auto_covariance
+from dplib.covariance.auto import CHOSEN_BHS, CHOSEN_CLIPPED, CLIPPED_ASKED, AutoCovariancePlan, auto_covariance
 from dplib.covariance.clipped import ALGORITHM as CLIPPED
 from dplib.covariance.person import COUNT_EPSILON_SHARE, STAGE_COUNT, NumpyPersonVectors
 from dplib.errors import BudgetExceededError, InvalidParameterError
@@ -117,3 +117,35 @@ def test_the_clipped_branch_lists_the_count_among_its_stages():
     stages = rel.parameters["stages"]
     assert stages[0] == {"stage": STAGE_COUNT, "epsilon": pytest.approx(COUNT_EPSILON_SHARE), "delta": 0.0}
     assert sum(s["epsilon"] for s in stages) == pytest.approx(rel.epsilon) == pytest.approx(1.0)
+
+
+def test_explicit_clipped_counts_from_the_aggregates_and_never_runs_bhs23():
+    """``estimator: clipped`` (``bhs=False``): with 6,000 persons and lambda0 = 3 BHS23's gate
+    (4,200) would pass, but the clipped estimator runs; the count comes from the aggregates seam
+    (no person vectors) and picks the layout: at epsilon 0.9 and 1,000 persons the small-data
+    layout, at 6,000 the large one (count x 0.98 epsilon against SMALL_DATA_N_EPS = 3,000)."""
+    y, cols, agg, _ = _data(6000, 3, d=2)
+    plan = AutoCovariancePlan(Budget(0.9, 1e-6), 2, lambda0=3.0, bhs=False)
+    assert plan.bhs_minimum_persons() is None and plan.bhs_unavailable() == CLIPPED_ASKED
+    acc = Accountant(Budget(0.9, 1e-6))
+    rel = auto_covariance(agg, None, cols, plan, SeededNoise(4), acc)
+    choice = rel.parameters["estimator_choice"]
+    assert choice["chosen"] == CHOSEN_CLIPPED and choice["reason"] == CLIPPED_ASKED
+    # the count's Laplace scale is 1 / (0.02 x 0.9) = 56 persons: within 9 of them (P ~ 1e-4)
+    assert choice["small_data_layout"] is False and abs(choice["noisy_person_count"] - 6000) < 9 / (0.02 * 0.9)
+    assert acc.charges[0].stage == STAGE_COUNT and rel.epsilon == pytest.approx(0.9)
+    assert rel.status == "OK" and _rel_frob(rel.covariance, y) < 0.25
+    y, cols, agg, _ = _data(1000, 5, d=2)
+    rel = auto_covariance(agg, None, cols, AutoCovariancePlan(Budget(0.9, 1e-6), 2, bhs=False), SeededNoise(6))
+    assert rel.parameters["estimator_choice"]["small_data_layout"] is True
+    assert rel.parameters["small_data_layout"] is True and rel.epsilon == pytest.approx(0.9)
+
+
+def test_explicit_clipped_refusals_before_any_charge():
+    y, cols, agg, vec = _data(100, 9)
+    with pytest.raises(InvalidParameterError, match="bhs must be a bool"):
+        AutoCovariancePlan(Budget(0.5, 1e-6), 3, bhs="no")
+    acc = Accountant(Budget(0.5, 1e-6))
+    with pytest.raises(InvalidParameterError, match="person vectors"):
+        auto_covariance(agg, None, cols, AutoCovariancePlan(Budget(0.5, 1e-6), 3), SeededNoise(1), acc)
+    assert acc.charges == []
