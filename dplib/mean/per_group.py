@@ -136,6 +136,17 @@ SHARED_RETRY2_SHARE = 0.30
 SHARED_STAGE_SHARES = StageShares(range=0.10, range_retry=0.15, centre=0.15, profile=0.40, balance=0.0, boost=1.0,
                                   centre_boost=1.0, range_retry2=SHARED_RETRY2_SHARE, retry2_from_profile=True,
                                   final=False)
+#: A release whose radius or bar comes from the within-group tail model is flagged when that
+#: profile's fit cannot exclude an infinite-variance tail: its lower bound on nu below this (as
+#: FLAG_NU, one degree of freedom more: the within flag itself reads the point fit at FLAG_NU).
+#: Measured (grouped_anchors cells, numpy, 20 seeds): Lomax 1.5 G = 10, whose within fits' lower
+#: bounds read 0.6-2.0 in 14 of 20 seeds (2.0-43 in the rest), unflagged releases covering
+#: 56% (127 of 200 unflagged) before -> 68% (56) with 2.0 -> 76% (49) with 3.0; the within-bar
+#: releases had carried only the pooled fit's flag (nu 23-120). Gaussian G = 10 (lower bounds
+#: 4.4-33), G = 1e3 and flights month x origin: flag rates unchanged (6%, 5%, 95%); flights
+#: carrier 21% -> 24% (its unflagged coverage 95%).
+#: Left: a within fit that reads a Lomax tail as light (lower bound 17.6) misses unflagged.
+WITHIN_FLAG_NU = 3.0
 #: Share of SHARED_SHARE spent on the within-group profile (a joint stage after the pooled-path
 #: groups' re-centring: |Y - m1_g| over every person's first kept group, one noisy histogram).
 WITHIN_SHARE = 0.20
@@ -176,7 +187,7 @@ OWN_STAGES_N_EPS = 300.0
 #: numbers, 2,000 the same as 1,000; pooled-path cells unchanged.
 SMALL_N_EPS = 1000.0
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free-per-group"
-ALGORITHM_VERSION = "13"  # 13: a group on its own stages runs the scale-free mean version 15 (the median step, when its tail balance runs; not the centre boost, which needs a range of its own: groups keep the small-data boost); 12: a group on its own stages runs the scale-free mean's overflow check (version 14; its plan lists it, within the same nominal total); the pooled path and the shared stages do not; 11: the pooled path has no bar (flagged) when the pooled profile measured nothing beyond its first edge (pooled_profile_empty; 160 schools by minority status at epsilon 1: bars missing by up to 10x in 5 of 30 releases, all with it); 10: no bar (flagged) when the shared range stays at the zero floor (at_zero_floor); the pooled path's radii read the group's noisy count as at least one of its Laplace scales (COUNT_FLOOR_SCALES: a count of -61 for 25 persons shrank the radius to the grid floor; Gaussian G = 1e3 median 0.748 -> 0.610, Lomax 1.5 G = 1e3 1.09 -> 0.89); 9: the locating histogram's window is centred on the bin whose 2 LOCATE_WINDOW + 1 neighbours hold the most noisy persons (a lone +7.8-scale noise spike was claimed as a group 4 sd off; 100 seeds: Lomax 1.5 G = 10 coverage 0.38 -> 0.58, Gaussian G = 10 0.048 -> 0.047); the shared stages run a pooled third range run (pure, 4-octave buckets; 30% of the shared share, out of the profile's) when the first two release nothing, and on small data (after the retry) give the within-group profile's share to the pooled profile; the pooled path on small shared data takes its radii from the point fit capped at 2x the larger of the reach and the centre's bin width (as the scale-free mean's small-data path, which own-stages groups on the small path take too): 600 persons on 0..39 in 3 groups at epsilon 1, 40 seeds: INSUFFICIENT_DATA for every group -> all released, |error| median 0.38, bars covering 100% (a clamped mean at the true bounds: 0.16); 1,200 persons at epsilon 0.3 / 0.5: 0.55 / 0.38; 300 at 1: 0.64; benchmarked cells unchanged (their shared range needs no retry); 8: the locating histogram spans the pooled profile's reach (not only the first radius), counts values beyond it in its end bins and claims nothing when its window runs into a held end bin; a group it does not locate clips around the pooled centre at the pooled radius, stays out of the within-group profile, and its bar adds the offset the radius cannot absorb; a group whose noisy persons x the histogram's epsilon are below ln(bins) + LOCATE_PEAK_MARGIN (it could not claim even with all of them in one bin) skips it and gives its share to the fine stage (gaussian G = 1e3: 0.852 -> 0.737); a located group's radius and bar take the within-group tail where heavier than the pooled one, a located group whose fine deviation exceeds u1 plus its noise is flagged (bulk_off_mean), and on a heavy pooled fit the within tail is taken no lighter than the pooled (overlapping Lomax 1.5 groups, 20 seeds: unflagged finite bars missing 100 -> 33, |error| 0.49 -> 0.46; benchmark Lomax G = 10 0.537 -> 0.48); version 8 is all of stop 41's changes (far-apart groups, numpy twin of the Spark test, 4,000 seeds x 10 groups: releases beyond 3 of their bars 7 -> 0, worst 59 -> 1.9 bars; Gaussian G = 10 / 1e3 unchanged); the window grows over bins at 3 noise scales (was 2: three noise bins in a row pulled a rough mean 7 sd off); 7: the shared stages retry a range of only the zero bucket (3-octave buckets) and widen a zero-bucket window to released non-zero buckets (scale-free mean version 8); 6: the locating histogram (light pooled tails); 5: the joint within-group profile (shares 10/15/15/40/20); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
+ALGORITHM_VERSION = "14"  # 14: a pooled-path release whose radius or bar comes from the within-group tail model is flagged when that fit's lower bound on nu is below WITHIN_FLAG_NU = 3 or its own tail flag is set (a within-bar release had carried only the pooled flag): Lomax 1.5 G = 10 unflagged coverage 56% -> 76%, Gaussian G = 10 / 1e3 flag rates unchanged; 13: a group on its own stages runs the scale-free mean version 15 (the median step, when its tail balance runs; not the centre boost, which needs a range of its own: groups keep the small-data boost); 12: a group on its own stages runs the scale-free mean's overflow check (version 14; its plan lists it, within the same nominal total); the pooled path and the shared stages do not; 11: the pooled path has no bar (flagged) when the pooled profile measured nothing beyond its first edge (pooled_profile_empty; 160 schools by minority status at epsilon 1: bars missing by up to 10x in 5 of 30 releases, all with it); 10: no bar (flagged) when the shared range stays at the zero floor (at_zero_floor); the pooled path's radii read the group's noisy count as at least one of its Laplace scales (COUNT_FLOOR_SCALES: a count of -61 for 25 persons shrank the radius to the grid floor; Gaussian G = 1e3 median 0.748 -> 0.610, Lomax 1.5 G = 1e3 1.09 -> 0.89); 9: the locating histogram's window is centred on the bin whose 2 LOCATE_WINDOW + 1 neighbours hold the most noisy persons (a lone +7.8-scale noise spike was claimed as a group 4 sd off; 100 seeds: Lomax 1.5 G = 10 coverage 0.38 -> 0.58, Gaussian G = 10 0.048 -> 0.047); the shared stages run a pooled third range run (pure, 4-octave buckets; 30% of the shared share, out of the profile's) when the first two release nothing, and on small data (after the retry) give the within-group profile's share to the pooled profile; the pooled path on small shared data takes its radii from the point fit capped at 2x the larger of the reach and the centre's bin width (as the scale-free mean's small-data path, which own-stages groups on the small path take too): 600 persons on 0..39 in 3 groups at epsilon 1, 40 seeds: INSUFFICIENT_DATA for every group -> all released, |error| median 0.38, bars covering 100% (a clamped mean at the true bounds: 0.16); 1,200 persons at epsilon 0.3 / 0.5: 0.55 / 0.38; 300 at 1: 0.64; benchmarked cells unchanged (their shared range needs no retry); 8: the locating histogram spans the pooled profile's reach (not only the first radius), counts values beyond it in its end bins and claims nothing when its window runs into a held end bin; a group it does not locate clips around the pooled centre at the pooled radius, stays out of the within-group profile, and its bar adds the offset the radius cannot absorb; a group whose noisy persons x the histogram's epsilon are below ln(bins) + LOCATE_PEAK_MARGIN (it could not claim even with all of them in one bin) skips it and gives its share to the fine stage (gaussian G = 1e3: 0.852 -> 0.737); a located group's radius and bar take the within-group tail where heavier than the pooled one, a located group whose fine deviation exceeds u1 plus its noise is flagged (bulk_off_mean), and on a heavy pooled fit the within tail is taken no lighter than the pooled (overlapping Lomax 1.5 groups, 20 seeds: unflagged finite bars missing 100 -> 33, |error| 0.49 -> 0.46; benchmark Lomax G = 10 0.537 -> 0.48); version 8 is all of stop 41's changes (far-apart groups, numpy twin of the Spark test, 4,000 seeds x 10 groups: releases beyond 3 of their bars 7 -> 0, worst 59 -> 1.9 bars; Gaussian G = 10 / 1e3 unchanged); the window grows over bins at 3 noise scales (was 2: three noise bins in a row pulled a rough mean 7 sd off); 7: the shared stages retry a range of only the zero bucket (3-octave buckets) and widen a zero-bucket window to released non-zero buckets (scale-free mean version 8); 6: the locating histogram (light pooled tails); 5: the joint within-group profile (shares 10/15/15/40/20); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 #: The pooled path's radii read the group's noisy count as at least this many of its Laplace
 #: scales (1 / the count's epsilon; post-processing of public constants). grouped_anchors, ours
 #: only (100 seeds; G = 1e3 cells 10 seeds of 1,000 groups), floor 0 (before) / 0.5 / 1 / 2 / 4:
@@ -731,8 +742,14 @@ def group_person_mean(
             # overlap read light pooled tails): the within model's wider radius, capped at the
             # pooled reach (Lomax 1.5 G = 10: clipping bias 0.42 -> 0.37, |error| 0.51 -> 0.48)
             rho = min(w_rho, reach)
+    # the within-group profile cannot exclude an infinite-variance tail (its fit's lower bound on nu
+    # below WITHIN_FLAG_NU, or its own tail flag): flagged whenever its model sets the radius or
+    # the bar (post-processing of that DP profile)
+    w_heavy = within is not None and w_model is not None and (
+        within.tail_flag or not within.fitted_nu >= WITHIN_FLAG_NU)
+    w_fit_nu = float(within.fitted_nu) if within is not None and w_model is not None else None
     if within is not None and w_model is not None and rho < pooled_rho:  # the within-group path
-        model, tail_flag = w_model, s.tail_flag or within.tail_flag
+        model, tail_flag = w_model, s.tail_flag or w_heavy
         c = count_weight(rho, min(u1, rho))
     else:
         within = None
@@ -762,6 +779,7 @@ def group_person_mean(
     within_bar = len(bounds) > 1 and not bounds[1] <= bounds[0]  # the within-group tail sets the bar
     if within_bar:
         model = bar_models[1]
+        tail_flag = tail_flag or w_heavy
     bias_bound = max(bounds) + max(offset - rho, 0.0)
     bar = dev_noise + bias_bound
     # the pooled profile measured nothing beyond its first edge (a DP outcome): its tail model is a
@@ -827,6 +845,9 @@ def group_person_mean(
         "pooled_tail_nu_lower": s.model.nu_lower,
         "fine_epsilon": b_fine.epsilon,
         "within_group_profile": within is not None,
+        # the within-group fit's lower bound on nu and whether it flags (when it set the radius or bar)
+        "within_fit_nu_lower": w_fit_nu,
+        "within_tail_heavy": bool(w_heavy and (within is not None or within_bar)),
         "pooled_radius": pooled_rho,
         "locating_histogram": locate,
         "pooled_unmeasured_share": round(unmeasured, 4),

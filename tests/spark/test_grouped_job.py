@@ -326,7 +326,13 @@ def test_grouped_mean_spread_small_data_production_noise(spark, tmp_path):
         p = json.loads(r.parameters)
         assert r.noise_source == SecureNoise.name and r.status == "OK", (g, r.status, p)
         assert p["shared_range_retried"] is True, (g, p)
-        assert r.error_bar is not None and abs(r.estimate[0] - truth[g]) <= 3.0 * r.error_bar[0], (g, r.estimate, truth[g])
+        if r.error_bar is None:
+            # the pooled profile's tail fit unbounded (nu <= 1): no bar, flagged, for every group at
+            # once (numpy twin, build/scratch/sided/spread_twin.py, 200 seeds: 1 seed; a CI-like local
+            # run met it once)
+            assert p["tail_flag"] and r.error_covers.startswith("nothing"), (g, r.error_covers)
+            continue
+        assert abs(r.estimate[0] - truth[g]) <= 3.0 * r.error_bar[0], (g, r.estimate, truth[g])
 
 
 def test_grouped_count_flags_l0_truncation_production_noise(spark, tmp_path):

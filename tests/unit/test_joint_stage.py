@@ -17,7 +17,7 @@ from dplib.errors import InvalidParameterError
 from dplib.grouped import GroupProxy, NumpyGroupedAggregates, run_per_group
 from dplib.groups import ALL_PERSONS
 from dplib.mean.per_group import (
-    STAGE_WITHIN, WITHIN_RADIUS_RATIO, WITHIN_SHARE, SharedScalePlan, shared_scale, within_profile,
+    STAGE_WITHIN, WITHIN_FLAG_NU, WITHIN_RADIUS_RATIO, WITHIN_SHARE, SharedScalePlan, shared_scale, within_profile,
 )
 from dplib.mechanisms import SeededNoise
 from spark_jobs.config import parse_config
@@ -237,10 +237,18 @@ def test_overlapping_heavy_groups_rarely_get_a_confident_wrong_bar():
     missed over 20 seeds (version 8 before the within-group bar tail and the bulk check). Now the
     bar takes the within-group tail where heavier (often unbounded: no bar), and a located group
     whose fine-stage deviation exceeds u1 plus its noise is flagged (``bulk_off_mean``): 33 of
-    100 unflagged finite bars miss over the same 20 seeds. Here 10 seeds (100 releases)."""
+    100 unflagged finite bars miss over the same 20 seeds. Since per-group version 14 a release
+    whose radius or bar comes from the within-group model is also flagged when that fit's lower
+    bound on nu is below WITHIN_FLAG_NU (``within_tail_heavy``): 10 of 25 unflagged releases miss
+    over 20 seeds. Here 10 seeds (100 releases): 3 unflagged, none missing (25 before)."""
     rows = _overlapping_lomax(10)
     confident_misses = sum(1 for e, b, flag, _ in rows if not flag and np.isfinite(b) and e > b)
-    assert confident_misses <= 35, confident_misses  # measured 25 of 100; the bar before: 52
+    assert confident_misses <= 8, confident_misses  # measured 0 of 100; version 13: 25, the bar before: 52
+    heavy = [p for *_, p in rows if p["within_tail_heavy"]]
+    assert len(heavy) >= 50 and all(p["tail_flag"] for p in heavy)  # measured 87
+    # every within-model release whose fit cannot exclude nu < WITHIN_FLAG_NU is among them
+    light_read = [p for *_, p in rows if p.get("bar_tail") == "within-group" and p["within_fit_nu_lower"] is not None]
+    assert all(p["within_tail_heavy"] for p in light_read if p["within_fit_nu_lower"] < WITHIN_FLAG_NU)
     assert any(p["bulk_off_mean"] for *_, p in rows if "bulk_off_mean" in p)
     assert any(not np.isfinite(b) for _, b, _, _ in rows)  # an unbounded within-group tail: no bar
     # a located group whose within-group tail is heavier than the pooled one: its bar reads it
