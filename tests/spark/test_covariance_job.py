@@ -331,6 +331,12 @@ def test_explicit_clipped_covariance_counts_and_takes_the_small_data_layout(spar
     cov = np.array(row.estimate).reshape(4, 4)
     assert np.allclose(cov, cov.T) and np.all(np.linalg.eigvalsh(cov) >= -1e-9 * np.abs(cov).max())
     exact = np.cov(mu.T, bias=True)
+    if row.error_bar is None:
+        # stage 1's norm profile measured no tail (version 9): no bar, flagged; the numpy twin
+        # (build/scratch/sided/cov_explicit_twin.py, 200 runs, version 12) met it in 5 (a cold CI
+        # run of the auto test met it once)
+        assert params["tail_flag"] and row.error_covers.startswith("nothing"), row.error_covers
+        return
     bar = np.array(row.error_bar).reshape(4, 4)
     assert np.all(np.abs(cov - exact) <= 3.0 * bar), (cov, exact, bar)
 
@@ -358,6 +364,12 @@ def test_auto_covariance_takes_the_small_data_layout_through_the_job(spark, tmp_
     cov = np.array(row.estimate).reshape(4, 4)
     assert np.allclose(cov, cov.T) and np.all(np.linalg.eigvalsh(cov) >= -1e-9 * np.abs(cov).max())
     exact = np.cov(mu.T, bias=True)
+    if row.error_bar is None:
+        # stage 1's norm profile measured no tail (version 9): no bar, flagged; the numpy twin
+        # (build/scratch/sided/cov_explicit_twin.py, 200 runs, version 12) met it in 5 (a cold CI
+        # run of the auto test met it once)
+        assert params["tail_flag"] and row.error_covers.startswith("nothing"), row.error_covers
+        return
     bar = np.array(row.error_bar).reshape(4, 4)
     assert np.all(np.abs(cov - exact) <= 3.0 * bar), (cov, exact, bar)
 
@@ -438,5 +450,8 @@ def test_grouped_clipped_covariance_through_the_job(spark, tmp_path):
         assert g == "g1" or choice["small_data_layout"] is True
         cov = np.array(row.estimate).reshape(2, 2)
         assert np.allclose(cov, cov.T) and np.all(np.linalg.eigvalsh(cov) >= -1e-9 * np.abs(cov).max())
+        if row.error_bar is None:  # the flagged no-bar outcome (the test above)
+            assert params["tail_flag"] and row.error_covers.startswith("nothing"), (g, row.error_covers)
+            continue
         bar = np.array(row.error_bar).reshape(2, 2)
         assert np.all(np.abs(cov - exact[g]) <= 3.0 * bar), (g, cov, exact[g], bar)
