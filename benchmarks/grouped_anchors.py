@@ -268,65 +268,6 @@ class FastGroupedInput(NumpyGroupedInput):
         return self._keys, self._vals["v"]
 
 
-class _FastStudentT:
-    """``scipy.stats.t`` whose ``sf`` and ``pdf`` skip the generic argument handling of
-    ``rv_continuous`` (~20x faster per scalar call; our grouped mean calls them ~500 times per group
-    in its radius search). Same expressions as scipy 1.17's ``t._sf`` / ``t._logpdf`` (checked bit for
-    bit against ``scipy.stats.t`` by :func:`fast_student_t`); everything else is scipy's."""
-
-    def __init__(self) -> None:
-        from scipy import special, stats
-
-        self._t, self._sc = stats.t, special
-
-    def sf(self, x, df):
-        return self._sc.stdtr(np.asarray(df, dtype=float), -np.asarray(x, dtype=float))
-
-    def pdf(self, x, df):
-        x, df = np.asarray(x, dtype=float), np.asarray(df, dtype=float)
-        if not np.all(np.isfinite(df)):
-            return self._t.pdf(x, df)
-        sc = self._sc
-        return np.exp(np.log(sc.poch(0.5 * df, 0.5)) - 0.5 * (np.log(df) + np.log(np.pi))
-                      - (df + 1) / 2 * np.log1p(x * x / df))
-
-    def __getattr__(self, name):
-        return getattr(self._t, name)
-
-
-class _StatsShim:
-    def __init__(self) -> None:
-        from scipy import stats
-
-        self._stats = stats
-        self.t = _FastStudentT()
-
-    def __getattr__(self, name):
-        return getattr(self._stats, name)
-
-
-def fast_student_t() -> bool:
-    """Patch ``dplib.mean.tails``' scipy.stats with :class:`_StatsShim` after checking that its
-    ``t.sf`` / ``t.pdf`` equal scipy's bit for bit on 20,000 random (x, nu) and as scalars; False
-    (nothing patched) if they do not (another scipy)."""
-    from scipy import stats
-
-    import dplib.mean.tails as tails
-
-    rng = np.random.default_rng(0)
-    u = np.concatenate([rng.uniform(0, 50, 20_000), rng.uniform(0, 1, 1_000), [0.0, np.inf, 1e300]])
-    nu = np.concatenate([np.exp(rng.uniform(np.log(0.5), np.log(1000), 21_000)), [3.0, 3.0, 2.0]])
-    fast = _FastStudentT()
-    with np.errstate(all="ignore"):
-        same = (np.array_equal(stats.t.sf(u, nu), fast.sf(u, nu), equal_nan=True)
-                and np.array_equal(stats.t.pdf(u, nu), fast.pdf(u, nu), equal_nan=True)
-                and all(float(stats.t.sf(a, b)) == float(fast.sf(a, b)) and float(stats.t.pdf(a, b)) == float(fast.pdf(a, b))
-                        for a, b in zip(u[::20], nu[::20])))
-    if same:
-        tails.stats = _StatsShim()
-    return same
-
-
 def our_config(kind: str, by: tuple[str, ...], l0: int, keys: list[tuple[str, ...]] | None):
     groups = {"select": "private"} if keys is None else {"keys": [list(k) for k in keys]}
     return parse_config({
@@ -574,10 +515,7 @@ def main() -> None:
     ap.add_argument("--no-private", action="store_true", help="skip the groups: {select: private} side table")
     ap.add_argument("--max-seeds", type=int, default=None, help="cap every cell's seeds (quick runs)")
     ap.add_argument("--json", default=None, help="write the per-cell summaries here")
-    ap.add_argument("--scipy-t", action="store_true", help="keep scipy.stats.t as is (no fast sf/pdf shim)")
     args = ap.parse_args()
-    if not args.scipy_t:
-        print(f"fast Student-t sf/pdf shim for dplib.mean.tails: {'on (bit-identical)' if fast_student_t() else 'OFF (differs)'}")
     cells = [c for c in CELLS if not args.cells or re.search(args.cells, c.name)]
     from benchmarks.anchors import tumult
 

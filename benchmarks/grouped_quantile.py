@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.grouped_anchors import (
-    CELLS, EPSILON, TUMULT_WORKER, FastGroupedInput, cell_data, cell_group_by, fast_student_t, key_json, truth,
+    CELLS, EPSILON, TUMULT_WORKER, FastGroupedInput, cell_data, cell_group_by, key_json, truth,
 )
 from dplib.mechanisms import SeededNoise
 from spark_jobs.config import parse_config
@@ -74,7 +74,6 @@ def main() -> None:
     ap.add_argument("--q", default="0.5,0.9")
     ap.add_argument("--no-tumult", action="store_true")
     args = ap.parse_args()
-    fast_student_t()
     qs = [float(v) for v in args.q.split(",")]
     cells = [c for c in CELLS if re.search(args.cells, c.name)]
     from benchmarks.anchors import tumult
