@@ -55,6 +55,7 @@ from dplib.seam import Aggregates
 
 ALGORITHM = "covariance/auto (BHS23 above its gate, clipped below)"
 STAGE_REST = "covariance (BHS23 or clipped, chosen from the DP count)"
+STAGE_REST_CLIPPED = "covariance (clipped, its layout chosen from the DP count)"
 CHOSEN_BHS, CHOSEN_CLIPPED = "bhs23", "clipped"
 CLIPPED_ASKED = "the clipped estimator was asked for (estimator: clipped); the DP count picks its layout"
 
@@ -151,7 +152,7 @@ class AutoCovariancePlan:
     def charges(self, prefix: str = "") -> list[Charge]:
         """Nominal charges: the count, then the chosen branch (its own stages are charged as they run)."""
         return [Charge(f"{prefix}{STAGE_COUNT}", self.count_budget, self.group),
-                Charge(f"{prefix}{STAGE_REST}", self.rest_budget, self.group)]
+                Charge(f"{prefix}{STAGE_REST if self.bhs else STAGE_REST_CLIPPED}", self.rest_budget, self.group)]
 
     def cost(self) -> Budget:
         return self.budget

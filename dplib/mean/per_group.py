@@ -728,6 +728,7 @@ def group_person_mean(
     within: WithinProfile | None = backend.joint(JOINT_WITHIN, centre) if asks else None  # type: ignore[attr-defined]
     rho = pooled_rho
     w_model = None
+    widened = False
     if within is not None and within.profile.total > 0:
         w_model = within.model
         if not locate:
@@ -737,7 +738,8 @@ def group_person_mean(
                                           nu_bar=_nan_min(bar_tail(w_model).nu_lower, bar_tail(s.model).nu_lower))
         w_rho = min(balanced_radius(w_model, low, high, n_eps * share_b, u1), RADIUS_REACH * within.reach)
         rho = w_rho if w_rho <= WITHIN_RADIUS_RATIO * pooled_rho else pooled_rho
-        if locate and params["located"] and w_rho > pooled_rho:
+        widened = bool(locate and params["located"] and w_rho > pooled_rho)
+        if widened:
             # a located group whose within-group tail is heavier than the pooled one (groups that
             # overlap read light pooled tails): the within model's wider radius, capped at the
             # pooled reach (Lomax 1.5 G = 10: clipping bias 0.42 -> 0.37, |error| 0.51 -> 0.48)
@@ -779,6 +781,7 @@ def group_person_mean(
     within_bar = len(bounds) > 1 and not bounds[1] <= bounds[0]  # the within-group tail sets the bar
     if within_bar:
         model = bar_models[1]
+    if within_bar or widened:  # the within model set the bar, or widened the radius
         tail_flag = tail_flag or w_heavy
     bias_bound = max(bounds) + max(offset - rho, 0.0)
     bar = dev_noise + bias_bound
@@ -847,7 +850,7 @@ def group_person_mean(
         "within_group_profile": within is not None,
         # the within-group fit's lower bound on nu and whether it flags (when it set the radius or bar)
         "within_fit_nu_lower": w_fit_nu,
-        "within_tail_heavy": bool(w_heavy and (within is not None or within_bar)),
+        "within_tail_heavy": bool(w_heavy and (within is not None or within_bar or widened)),
         "pooled_radius": pooled_rho,
         "locating_histogram": locate,
         "pooled_unmeasured_share": round(unmeasured, 4),

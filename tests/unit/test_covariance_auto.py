@@ -10,7 +10,7 @@ import pytest
 
 from dplib.aggregates import NumpyAggregates
 from dplib.budget import Accountant, Budget
-from dplib.covariance.auto import CHOSEN_BHS, CHOSEN_CLIPPED, CLIPPED_ASKED, AutoCovariancePlan, auto_covariance
+from dplib.covariance.auto import CHOSEN_BHS, CHOSEN_CLIPPED, CLIPPED_ASKED, STAGE_REST_CLIPPED, AutoCovariancePlan, auto_covariance
 from dplib.covariance.clipped import ALGORITHM as CLIPPED
 from dplib.covariance.person import COUNT_EPSILON_SHARE, STAGE_COUNT, NumpyPersonVectors
 from dplib.errors import BudgetExceededError, InvalidParameterError
@@ -134,6 +134,7 @@ def test_explicit_clipped_counts_from_the_aggregates_and_never_runs_bhs23():
     # the count's Laplace scale is 1 / (0.02 x 0.9) = 56 persons: within 9 of them (P ~ 1e-4)
     assert choice["small_data_layout"] is False and abs(choice["noisy_person_count"] - 6000) < 9 / (0.02 * 0.9)
     assert acc.charges[0].stage == STAGE_COUNT and rel.epsilon == pytest.approx(0.9)
+    assert [c.stage for c in plan.charges()] == [STAGE_COUNT, STAGE_REST_CLIPPED]  # the plan names no BHS23
     assert rel.status == "OK" and _rel_frob(rel.covariance, y) < 0.25
     y, cols, agg, _ = _data(1000, 5, d=2)
     rel = auto_covariance(agg, None, cols, AutoCovariancePlan(Budget(0.9, 1e-6), 2, bhs=False), SeededNoise(6))
