@@ -104,8 +104,6 @@ class CovarianceKind(BHSKind):
                 "clipped second and first moments and the count, with per-entry 90% error bars")
 
     def run(self, stat, plan, ctx: RunContext) -> Release:
-        if isinstance(plan, AutoCovariancePlan) and not plan.bhs:
-            return self._run_clipped_counted(stat, plan, ctx)
         if isinstance(plan, AutoCovariancePlan):
             return self._run_auto(stat, plan, ctx)
         if not isinstance(plan, ClippedCovariancePlan):
@@ -123,33 +121,22 @@ class CovarianceKind(BHSKind):
             error_bar=_flat(rel.error_bar), error_level=float(rel.error_level),
         )
 
-
-    def _run_clipped_counted(self, stat, plan: AutoCovariancePlan, ctx: RunContext) -> Release:
-        """``estimator: clipped``: the DP count (from the aggregates seam; also per group), then the
-        clipped estimator in the layout it picks."""
-        columns = list(stat.columns)
-        d = len(columns)
-        rel = auto_covariance(ctx.aggregates, None, columns, plan, ctx.noise, ctx.accountant, f"{stat.name}: ")
-        params = {**rel.parameters, "coordinates": columns, "estimate_layout": [d, d], **ctx.summary_extras()}
-        return Release(
-            estimand=ESTIMAND_BHS["covariance"].format(cols=", ".join(columns)), algorithm=CLIPPED_COV_ALGORITHM,
-            algorithm_version=CLIPPED_COV_VERSION, status=rel.status, epsilon=float(rel.epsilon),
-            delta=float(rel.delta),
-            estimate=None if rel.covariance is None else [float(v) for v in np.ravel(rel.covariance)],
-            estimate_shape=[d, d], error_covers=rel.error_covers, parameters=params,
-            error_bar=_flat(rel.error_bar), error_level=float(rel.error_level),
-        )
-
     def _run_auto(self, stat, plan: AutoCovariancePlan, ctx: RunContext) -> Release:
-        from spark_jobs.spark.vectors import SparkPersonVectors, vectors_from_summary  # lazy: keeps pyspark out
-
+        """``estimator: auto`` (person vectors for BHS23), or ``estimator: clipped`` (``plan.bhs``
+        False: the DP count from the aggregates seam, also per group, then the clipped estimator in
+        the layout it picks)."""
         columns = list(stat.columns)
         d = len(columns)
-        vectors = SparkPersonVectors(vectors_from_summary(ctx.summary, columns), columns,
-                                     derive_salt(ctx.salt, stat.name))
+        vectors = None
+        if plan.bhs:
+            from spark_jobs.spark.vectors import SparkPersonVectors, vectors_from_summary  # lazy: keeps pyspark out
+
+            vectors = SparkPersonVectors(vectors_from_summary(ctx.summary, columns), columns,
+                                         derive_salt(ctx.salt, stat.name))
         rel = auto_covariance(ctx.aggregates, vectors, columns, plan, ctx.noise, ctx.accountant, f"{stat.name}: ")
-        params = {**rel.parameters, "coordinates": columns, "estimate_layout": [d, d], **ctx.summary_extras(),
-                  "auto": AUTO_ALGORITHM}
+        params = {**rel.parameters, "coordinates": columns, "estimate_layout": [d, d], **ctx.summary_extras()}
+        if plan.bhs:
+            params["auto"] = AUTO_ALGORITHM
         if rel.parameters["estimator_choice"]["chosen"] == "bhs23":
             params["unequal_records"] = BHS_HETEROGENEOUS
             version = BHS_VERSION
