@@ -90,12 +90,17 @@ class GroupedPlan:
         """What the per-group plan builds ahead (shared by every group: one public plan)."""
         return self.inner.prepare(noise) if hasattr(self.inner, "prepare") else None
 
+    def group_cost(self) -> tuple[float, float]:
+        """(epsilon, delta) each group's stages are charged (the per-group plan's composed cost;
+        the ledger charges L0 times it, whichever stages a group reaches)."""
+        return composed_cost(self.inner.charges())
+
     def describe(self) -> dict:
         out = {
             "group_by": list(self.group_by),
             "max_groups_per_person": self.l0,
-            "group_epsilon": self.group_budget.epsilon,
-            "group_delta": composed_cost(self.inner.charges())[1],
+            "group_epsilon": self.group_cost()[0],
+            "group_delta": self.group_cost()[1],
             "group_selection": "public key set" if self.selection is None else "private",
         }
         if self.l0_check is not None:
@@ -251,6 +256,7 @@ def run_grouped(
     run = run_per_group(list(range(len(keys))), body, backend, progress=progress, joint=joint)
     extra = {**plan.describe(), "statistic_epsilon": stat.budget(ctx.cfg).epsilon,
              "statistic_delta": stat.budget(ctx.cfg).delta}
+    group_cost = plan.group_cost()
     out = []
     for gid, key in enumerate(keys):
         rel: Release = run.results[gid]
@@ -264,8 +270,21 @@ def run_grouped(
                            f"{check['l0_over_persons_bar']:g} persons (DP, 90%) hold more than {plan.l0} groups: the "
                            "bar does not cover the statistic over every person in the group")
         estimand = f"{rel.estimand}, over the (person, group) pairs kept by max_groups_per_person = {plan.l0}"
-        rel = Release(**{**rel.__dict__, "estimand": estimand, "error_covers": covers,
-                         "parameters": {**rel.parameters, **extra, **check}})
+        params = {**rel.parameters, **extra, **check}
+        ge, gd = group_cost
+        if not (math.isclose(rel.epsilon, ge, rel_tol=1e-9, abs_tol=0.0)
+                and math.isclose(rel.delta, gd, rel_tol=1e-9, abs_tol=0.0)):
+            # the group stopped before its last stage (or skipped an optional one; a DP outcome):
+            # ungrouped, the ledger would refund the rest and the row would say so; here the
+            # whole per-group cost was charged before any group ran, so the row says that cost
+            # (every group's row alike) and keeps what the group's own stages used beside it
+            params["group_stages_epsilon"] = float(rel.epsilon)
+            params["group_stages_delta"] = float(rel.delta)
+            covers += (f"; grouped: every group is charged its whole budget (epsilon={ge:.4g}, "
+                       f"delta={gd:.3g}, this row's) whichever of its stages ran; this group's stages "
+                       f"used epsilon={rel.epsilon:.4g}, delta={rel.delta:.3g}")
+        rel = Release(**{**rel.__dict__, "estimand": estimand, "error_covers": covers, "epsilon": float(ge),
+                         "delta": float(gd), "parameters": params})
         out.append(GroupRelease(decode(key), rel))
     log.info("statistic %s: %d group(s) released (%d batched round(s) of questions to the aggregates; 0 when no group needed one)", stat.name, len(out), run.batches)
     return out
