@@ -203,7 +203,8 @@ OVERFLOW_CONFIRM_SD = 2.5
 #: unflagged miss, before and after). Not kept: a hidden-mass flag only beyond what the fitted
 #: tail predicts above the visible top (7j 17 -> 11 flags with this change, but flights dep_delay's
 #: mean 21 -> 3 flags and unflagged misses 6 -> 7 of 100: its far aircraft are a real signal).
-#: The per-group and multivariate profiles (no overflow check) keep OVERFLOW_SD.
+#: Where no check can run (the per-group pooled path and shared stages, the joint multivariate
+#: profiles) OVERFLOW_SD stays; a group on its own stages runs the scale-free mean and follows it.
 OVERFLOW_SD_CHECKED = 4.0
 
 
