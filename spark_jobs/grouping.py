@@ -156,8 +156,8 @@ def describe(stat: StatisticConfigBase, plan) -> str:
     needed = getattr(plan.shared, "persons_needed_text", None)
     shared = f"; shared range (all groups together): {needed()}" if callable(needed) else ""
     return (f"  {stat.name}: per group of ({', '.join(plan.group_by)}), {how}; each person in at most "
-            f"{plan.l0} groups{check}; each group: epsilon={plan.group_budget.epsilon:.4g}, "
-            f"delta={composed_cost(plan.inner.charges())[1]:.3g}{shared}\n"
+            f"{plan.l0} groups{check}; each group: epsilon={plan.group_cost()[0]:.4g}, "
+            f"delta={plan.group_cost()[1]:.3g}{shared}\n"
             + kind.describe(stat.name + " (each group)", plan.inner))
 
 

@@ -192,20 +192,6 @@ OVERFLOW_SD = 2.5
 OVERFLOW_CHECK_SHARE = 0.15
 OVERFLOW_TRIGGER_SD = 1.0
 OVERFLOW_CONFIRM_SD = 2.5
-#: Where the estimator has the overflow check (its shares give it one: the scale-free mean, sum
-#: and variance), the overflow bin flags at once only beyond OVERFLOW_SD_CHECKED noise sds, and a
-#: reading between OVERFLOW_TRIGGER_SD and it goes through the check, whose second count tells
-#: far persons from noise (a pure-noise reading beyond 4 sds: exp(-4 sqrt 2) / 2 = 0.17% of runs,
-#: against 1.5% beyond 2.5; the check now runs in ~12% of clean runs instead of ~11%). Numpy,
-#: 100-200 seeds, epsilon 1: the variance on the adversarial matrix's 7j (2,501 Gaussian persons)
-#: flagged 17 of 200 releases, 4 of them for overflow-bin noise at 2.5-4 sds; unchanged on Lomax
-#: 1.5 / 2.5, flights arr/dep_delay and the matrix's 4b (every release flagged but 4b's one
-#: unflagged miss, before and after). Not kept: a hidden-mass flag only beyond what the fitted
-#: tail predicts above the visible top (7j 17 -> 11 flags with this change, but flights dep_delay's
-#: mean 21 -> 3 flags and unflagged misses 6 -> 7 of 100: its far aircraft are a real signal).
-#: Where no check can run (the per-group pooled path and shared stages, the joint multivariate
-#: profiles) OVERFLOW_SD stays; a group on its own stages runs the scale-free mean and follows it.
-OVERFLOW_SD_CHECKED = 4.0
 
 
 @dataclass(frozen=True)
@@ -323,15 +309,12 @@ def stage_charger(accountant: Accountant, charges: dict):
     return charge
 
 
-def tail_from_profile(profile, epsilon: float, k: float | None, measured_sd: float = MEASURED_SD,
-                      checked: bool = False):
+def tail_from_profile(profile, epsilon: float, k: float | None, measured_sd: float = MEASURED_SD):
     """The tail model of a deviation profile, as the bias bounds use it (post-processing only).
 
     Fits the Student-t tail (binned counts; the fallback ``NU_FALLBACK`` when nothing beyond the
     first edge is measured), takes it ``NU_MARGIN`` degrees of freedom heavier (not below
-    ``min(nu, NU_FLOOR)``), capped at ``k`` when given, and computes the tail flag. ``checked``:
-    the estimator runs the overflow check: the overflow bin flags at once only beyond
-    :data:`OVERFLOW_SD_CHECKED` sds (the check reads it below that).
+    ``min(nu, NU_FLOOR)``), capped at ``k`` when given, and computes the tail flag.
 
     Returns
     -------
@@ -352,24 +335,23 @@ def tail_from_profile(profile, epsilon: float, k: float | None, measured_sd: flo
     hidden, hidden_sd = hidden_mass(profile, epsilon)
     overflow = profile.overflow_share()
     tail_flag = bool(model.nu < FLAG_NU or overflow > OVERFLOW_WARN or hidden > FLAG_HIDDEN_SD * hidden_sd
-                     or overflow_seen(profile, epsilon, OVERFLOW_SD_CHECKED if checked else OVERFLOW_SD))
+                     or overflow_seen(profile, epsilon))
     return model, fitted_nu, nu_used, tail_flag, overflow
 
 
-def overflow_seen(profile, epsilon: float, seen_sd: float = OVERFLOW_SD) -> bool:
+def overflow_seen(profile, epsilon: float) -> bool:
     """True when the profile's overflow bin (persons beyond its top edge) holds more than
-    ``seen_sd`` noise sds of raw noisy count (post-processing of its DP output)."""
+    ``OVERFLOW_SD`` noise sds of raw noisy count (post-processing of its DP output)."""
     raw = profile.raw_weights if profile.raw_weights is not None else profile.weights
-    return bool(float(raw[-1]) > seen_sd * math.sqrt(2.0) / epsilon)
+    return bool(float(raw[-1]) > OVERFLOW_SD * math.sqrt(2.0) / epsilon)
 
 
-def overflow_suspect(profile, epsilon: float, seen_sd: float = OVERFLOW_SD) -> bool:
+def overflow_suspect(profile, epsilon: float) -> bool:
     """True when the profile's overflow bin holds more than ``OVERFLOW_TRIGGER_SD`` noise sds of
-    raw noisy count but not the ``seen_sd`` that flags at once (:func:`overflow_seen`):
+    raw noisy count but not the ``OVERFLOW_SD`` that flags at once (:func:`overflow_seen`):
     the overflow check (stage 3c) runs then. Post-processing of the DP profile."""
     raw = profile.raw_weights if profile.raw_weights is not None else profile.weights
-    return (bool(float(raw[-1]) > OVERFLOW_TRIGGER_SD * math.sqrt(2.0) / epsilon)
-            and not overflow_seen(profile, epsilon, seen_sd))
+    return bool(float(raw[-1]) > OVERFLOW_TRIGGER_SD * math.sqrt(2.0) / epsilon) and not overflow_seen(profile, epsilon)
 
 
 def overflow_check(signed_counts: dict, top: float, epsilon: float, noise: NoiseSource, sub_edges) -> bool:
@@ -881,9 +863,7 @@ def scale_free_stages(
     profile = deviation_profile_from_counts(signed_counts, b_profile.epsilon, noise, low, high, sub_edges)
     if small:  # a lone noise bin far above the bulk would set the reach (and radius) there
         profile = confirm_isolated_bins(profile)
-    checked = shares.overflow > 0  # the overflow check can run (stage 3c): see OVERFLOW_SD_CHECKED
-    model, fitted_nu, nu_used, tail_flag, overflow = tail_from_profile(profile, b_profile.epsilon, plan.k,
-                                                                       checked=checked)
+    model, fitted_nu, nu_used, tail_flag, overflow = tail_from_profile(profile, b_profile.epsilon, plan.k)
 
     # 3b. tail balance: noisy persons beyond +x_a and beyond -x_a (x_a public, from the profile),
     # only for a light fitted tail (a DP outcome; otherwise its share goes to the final stage,
@@ -902,7 +882,7 @@ def scale_free_stages(
     # own charge before its noise; its share comes out of the final stage's (fixed total)
     overflow_confirmed = False
     zero_atom = at_zero_floor(rng_out)  # no bar then in any estimator: nothing for the check to flag
-    if shares.overflow > 0 and not tail_flag and not zero_atom and overflow_suspect(profile, b_profile.epsilon, OVERFLOW_SD_CHECKED):
+    if shares.overflow > 0 and not tail_flag and not zero_atom and overflow_suspect(profile, b_profile.epsilon):
         b_over = charge(STAGE_OVERFLOW)
         overflow_confirmed = overflow_check(signed_counts, float(profile.edges[-2]), b_over.epsilon, noise, sub_edges)
         params["overflow_check"] = "confirmed: flagged" if overflow_confirmed else "not confirmed"
