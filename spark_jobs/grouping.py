@@ -241,10 +241,14 @@ def run_grouped(
         shared = kind.run_shared(stat, plan.shared, pooled(), ctx)
 
     gnoise = GroupedNoise(ctx.noise)  # the groups' draws, batched per scale by the scheduler
+    # each group's accountant is capped at the per-group cost the ledger was charged (L0 times it)
+    # and its row reports, not at the looser group budget (a pure-epsilon per-group plan charges no
+    # delta): a group stage that spent beyond the plan is refused, never charged unseen
+    group_cap = Budget(*plan.group_cost())
 
     def body(gid, proxy):
         gctx = RunContext(cfg=ctx.cfg, records=None, summary=None, aggregates=proxy, salt=ctx.salt, noise=gnoise,
-                          accountant=Accountant(plan.group_budget), prepared=ctx.prepared, shared=shared)
+                          accountant=Accountant(group_cap), prepared=ctx.prepared, shared=shared)
         return kind.run(inner_stat, plan.inner, gctx)
 
     def progress(line: str) -> None:

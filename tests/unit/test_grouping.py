@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from dplib.aggregates import NumpyAggregates
-from dplib.budget import Accountant, Budget, composed_cost
+from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.count import PersonCountPlan, person_count
 from dplib.errors import ConfigError, InvalidParameterError
 from dplib.grouped import NumpyGroupedAggregates, run_per_group
@@ -636,3 +636,34 @@ def test_every_group_row_carries_the_cost_each_group_is_charged(kind, cols, opts
     if kind in ("variance", "multivariate_mean", "covariance"):
         tiny = rels["tiny"]
         assert tiny.status == "INSUFFICIENT_DATA" and tiny.parameters["group_stages_epsilon"] < 0.5 * tiny.epsilon
+
+
+def test_each_groups_accountant_is_capped_at_the_cost_the_ledger_charged(monkeypatch):
+    """A group's stages run under an accountant whose limit is the per-group plan's composed cost
+    (what the ledger charged, L0 times, and what the row reports), not the looser group budget: a
+    pure-epsilon per-group plan (count) refuses any delta, so a stage spending beyond the plan
+    fails in its group instead of being charged unseen. Fails with the group budget as the cap
+    (its delta is the statistic's share of 1e-6)."""
+    from dplib.errors import BudgetExceededError
+    from spark_jobs.grouping import run_grouped_numpy
+    from spark_jobs.kinds import kind_of
+
+    src, _ = _l0_source(300, 0.0)
+    cfg = _cfg({"kind": "count", "columns": ["x"], "group_by": ["g"], "max_groups_per_person": 1,
+                "groups": {"keys": [["A"], ["B"], ["C"]]}})
+    stat = cfg.statistics[0]
+    plan = statistic_plan(stat, cfg)
+    assert plan.group_cost()[1] == 0.0 < plan.group_budget.delta
+    kind = kind_of(stat)
+    real, limits = kind.run, []
+
+    def spy(inner_stat, inner_plan, gctx):
+        limits.append(gctx.accountant.limit)
+        with pytest.raises(BudgetExceededError):
+            gctx.accountant.check([Charge("beyond the plan", Budget(1e-12, 1e-9))])
+        return real(inner_stat, inner_plan, gctx)
+
+    monkeypatch.setattr(kind, "run", spy)
+    rels = run_grouped_numpy(cfg, stat, src, SeededNoise(3), Accountant(stat.budget(cfg)))
+    assert len(rels) == 3 and len(limits) == 3
+    assert all((b.epsilon, b.delta) == pytest.approx(plan.group_cost(), rel=1e-12) for b in limits)
