@@ -464,3 +464,13 @@ class NumpyAggregates:
             return np.zeros(len(columns)), 0
         total = exact_unit_sums(quantize_deviations(clip_deviations(rows, c, float(radius), sc), float(radius)))
         return np.array([float(t) for t in total]) * (float(radius) / QUANT_SCALE), int(rows.shape[0])
+
+    def clipped_sum_split(self, column: str, center: float, radius: float, group: GroupRange) -> tuple[float, int, int]:
+        c = check_clip_args([column], np.array([center], dtype=float), radius)
+        rows = self._rows([column], group)
+        if rows.shape[0] == 0:
+            return 0.0, 0, 0
+        diff = scaled_deviations(rows, c)
+        clipped = int(np.count_nonzero(np.abs(diff[:, 0]) >= float(radius)))
+        total = exact_unit_sums(quantize_deviations(clip_deviations(rows, c, float(radius)), float(radius)))
+        return float(total[0]) * (float(radius) / QUANT_SCALE), int(rows.shape[0]) - clipped, clipped

@@ -44,6 +44,7 @@ PER_GROUP_PARAMETERS: dict[str, tuple[str, ...]] = {
     "log_histograms": ("centers",),
     "norm_log_histogram": ("center", "scales"),
     "clipped_sum": ("center", "radius", "scales"),
+    "clipped_sum_split": ("center", "radius"),
     "clipped_outer_sum": ("center", "radius", "scales"),
 }
 
@@ -56,6 +57,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     "log_histograms": ("columns", "centers", "group", "sub_edges"),
     "norm_log_histogram": ("columns", "center", "scales", "group", "sub_edges"),
     "clipped_sum": ("columns", "center", "radius", "group", "scales"),
+    "clipped_sum_split": ("column", "center", "radius", "group"),
     "clipped_outer_sum": ("columns", "center", "radius", "group", "scales"),
 }
 DEFAULTS: dict[str, dict[str, Any]] = {

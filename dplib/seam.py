@@ -140,6 +140,21 @@ class Aggregates(Protocol):
         """
         ...
 
+    def clipped_sum_split(
+        self,
+        column: str,
+        center: float,
+        radius: float,
+        group: GroupRange,
+    ) -> tuple[float, int, int]:
+        """:meth:`clipped_sum` of one column, with its persons split by the clip:
+        ``(sum_i clip(Y_i - center, radius), n_within, n_clipped)`` where ``n_clipped`` counts the
+        persons with ``|Y_i - center| >= radius`` (the deviation computed and clamped exactly as
+        in :meth:`clipped_sum`) and ``n_within`` the others. One person is in exactly one of the
+        two counts; the sum is the one :meth:`clipped_sum` returns, bit for bit.
+        """
+        ...
+
 
 class BatchAggregates(Protocol):
     """Exact aggregates over per-person count vectors (one seam, two backends).

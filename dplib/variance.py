@@ -47,13 +47,14 @@ from dplib.budget import Accountant, composed_cost
 from dplib.groups import GroupRange
 from dplib.mean.error_bars import ERROR_LEVEL, laplace_sum_quantile
 from dplib.mean.ranges import measured_survival
-from dplib.mean.scale_free import ONE_SIDED_NU_MAX, RADIUS_GRID_PER_OCTAVE, RADIUS_REACH
+from dplib.mean.scale_free import ONE_SIDED_NU_MAX, RADIUS_GRID_PER_OCTAVE, RADIUS_REACH, CLIPPED_MIN_N_EPS, clipped_check
 from dplib.mean.scale_free_stages import (
     BALANCE_SHARE,
     MEASURED_SD,
     NU_FLOOR,
     NU_MARGIN,
     bar_bias,
+    bar_tail,
     INSUFFICIENT_REASON,
     ScaleFreeStagesPlan,
     OVERFLOW_CHECK_SHARE,
@@ -76,7 +77,7 @@ from dplib.seam import Aggregates
 
 ALGORITHM = "scale-free-clipped-variance"
 STDDEV_ALGORITHM = "scale-free-clipped-variance/stddev"
-ALGORITHM_VERSION = "10"  # 10: the shared stages boost the centre share below CENTRE_BOOST_N_EPS persons x epsilon and the tail balance releases four side counts in its one release (scale-free mean version 15; the variance clips around the stages' centre: no median step); 9: the overflow check of the shared stages (scale-free mean version 14; 2% of 3,001 persons at +-1e20: unflagged misses 13 -> 1 of 200); 8: no bar (flagged) on an atom in the deviation profile or with over 30% of the persons beyond all it measured (countymurders execs / airfare passen: unflagged misses 48 / 55 of 200 -> 0 / 1 of 100); 7: the tail-balance stage (5%); one long tail that the fit does not end (as the mean's ONE_SIDED_NU_MAX) gives no bar, flagged (flights dep_delay: 33 of 200 unflagged misses -> 0); 6: no bar (flagged) when the range stays at the zero floor (scale_free_stages.at_zero_floor: a bar of the zero bucket's scale); 5: the shared stages retry a range of only the zero bucket and run a pooled third range run when the first two release nothing (scale-free mean version 8); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
+ALGORITHM_VERSION = "11"  # 11: the clipped-persons check (scale-free mean version 16): the final stage's count split into persons within the radius and at or beyond it from CLIPPED_MIN_N_EPS, flagged when the second exceeds the bar's tail model by 2.5 noise sds (2% of 10^4 persons at +15 sd: unflagged misses 12 of 12 -> 0; 2% of 3,000 at +12 sd: 78 -> 3 of 100); 10: the shared stages boost the centre share below CENTRE_BOOST_N_EPS persons x epsilon and the tail balance releases four side counts in its one release (scale-free mean version 15; the variance clips around the stages' centre: no median step); 9: the overflow check of the shared stages (scale-free mean version 14; 2% of 3,001 persons at +-1e20: unflagged misses 13 -> 1 of 200); 8: no bar (flagged) on an atom in the deviation profile or with over 30% of the persons beyond all it measured (countymurders execs / airfare passen: unflagged misses 48 / 55 of 200 -> 0 / 1 of 100); 7: the tail-balance stage (5%); one long tail that the fit does not end (as the mean's ONE_SIDED_NU_MAX) gives no bar, flagged (flights dep_delay: 33 of 200 unflagged misses -> 0); 6: no bar (flagged) when the range stays at the zero floor (scale_free_stages.at_zero_floor: a bar of the zero bucket's scale); 5: the shared stages retry a range of only the zero bucket and run a pooled third range run when the first two release nothing (scale-free mean version 8); 4: the small-data path of the shared stages (scale-free mean version 7); 3: tail-flag rules
 STAGE_MOMENTS = "clipped moments"
 #: Early stages: the mean's range, centre and profile shares and its tail balance (version 7: one
 #: long tail leaves the bar unbounded). Tuned on benchmarks/sum_variance_anchors.py.
@@ -150,6 +151,9 @@ class ClippedMoments:
     scale: float  # Laplace scale of each released coordinate (before dividing out the weights)
     w1: float
     w0: float
+    #: ``split=True`` only: the noisy count of persons clipped (``|Y - c| >= radius``; the weight
+    #: divided out); N~ is then the sum of two noisy counts
+    n_clipped: float | None = None
 
 
 def clipped_moments(
@@ -162,8 +166,13 @@ def clipped_moments(
     group: GroupRange,
     epsilon: float,
     noise: NoiseSource,
+    split: bool = False,
 ) -> ClippedMoments:
     """Release ``(sum_i u_i^2, w1 sum_i u_i, w0 n)`` with Laplace noise, ``u_i = trunc((Y_i - c) / radius, 1)``.
+
+    ``split``: release the count as two, ``(w0 n_within, w0 n_clipped)`` with ``n_clipped`` the
+    persons with ``|Y_i - c| >= radius`` (:meth:`~dplib.seam.Aggregates.clipped_sum_split`, a
+    third seam call); a person is in exactly one of them, so the l1 sensitivity is unchanged.
 
     The caller must have charged ``epsilon`` on ``group``; ``center``, ``radius``, ``w1`` and
     ``w0`` must be public (DP outputs or constants). Two seam calls on the same clipped values:
@@ -180,10 +189,19 @@ def clipped_moments(
     scales = np.array([radius])
     second, n_a = backend.clipped_outer_sum([column], np.array([center]), 1.0, group, scales)
     first, n_b = backend.clipped_sum([column], np.array([center]), 1.0, group, scales)
-    exact = clamp_exact(np.array([float(second[0]), w1 * float(first[0]), w0 * n_b]))
+    if not split:
+        exact = clamp_exact(np.array([float(second[0]), w1 * float(first[0]), w0 * n_b]))
+        noisy, scale = laplace_mechanism(exact, inflate(SECOND_MOMENT_SENSITIVITY + w1 + w0), epsilon, noise)
+        del second, first, n_a, n_b, exact
+        return ClippedMoments(float(noisy[0]), float(noisy[1]) / w1, float(noisy[2]) / w0, float(scale), w1, w0)
+    _, n_within, n_clipped = backend.clipped_sum_split(column, center, radius, group)
+    if n_within + n_clipped != n_b:  # the same persons (those with the column) in every call
+        raise RuntimeError("the clipped sum and its split count read different persons")
+    exact = clamp_exact(np.array([float(second[0]), w1 * float(first[0]), w0 * n_within, w0 * n_clipped]))
     noisy, scale = laplace_mechanism(exact, inflate(SECOND_MOMENT_SENSITIVITY + w1 + w0), epsilon, noise)
-    del second, first, n_a, n_b, exact
-    return ClippedMoments(float(noisy[0]), float(noisy[1]) / w1, float(noisy[2]) / w0, float(scale), w1, w0)
+    del second, first, n_a, n_b, n_within, n_clipped, exact
+    return ClippedMoments(float(noisy[0]), float(noisy[1]) / w1, float(noisy[2] + noisy[3]) / w0, float(scale), w1, w0,
+                          float(noisy[3]) / w0)
 
 
 def moment_weights(radius: float, centre_error: float, second_guess: float) -> tuple[float, float]:
@@ -330,9 +348,11 @@ def person_variance(
     reach = RADIUS_REACH * measured_reach(setup.profile, strict_model)
     capped = rho > reach
     rho = float(min(max(min(rho, reach), RADIUS_MIN), RADIUS_MAX))
+    split = setup.n_hat * eps_final >= CLIPPED_MIN_N_EPS
     w1, w0 = moment_weights(rho, ce, model.truncated_second_moment(rho))
     b_final = charge(STAGE_MOMENTS, eps_final)
-    mom = clipped_moments(backend, column, setup.center, rho, w1, w0, plan.group, b_final.epsilon, noise)
+    mom = clipped_moments(backend, column, setup.center, rho, w1, w0, plan.group, b_final.epsilon, noise,
+                          split=split)
 
     denom = max(mom.n_noisy, 1.0)
     a, b = mom.second / denom, mom.first / denom
@@ -340,12 +360,18 @@ def person_variance(
     estimate = r2 * min(max(a - b * b, 0.0), 1.0)
     a_hat, b_hat = min(max(a, 0.0), 1.0), min(max(b, -1.0), 1.0)
     unit = mom.scale / denom
-    q = r2 * laplace_sum_quantile([unit, 2.0 * abs(b_hat) * unit / w1, abs(a_hat - 2.0 * b_hat * b_hat) * unit / w0],
-                                  NOISE_LEVEL)
-    offset = rho * min(abs(b_hat) + laplace_sum_quantile([unit / w1, abs(b_hat) * unit / w0], OFFSET_LEVEL), 1.0)
+    count_term = abs(a_hat - 2.0 * b_hat * b_hat) * unit / w0  # the count's noise: two terms when split
+    q = r2 * laplace_sum_quantile([unit, 2.0 * abs(b_hat) * unit / w1, count_term]
+                                  + ([count_term] if mom.n_clipped is not None else []), NOISE_LEVEL)
+    offset = rho * min(abs(b_hat) + laplace_sum_quantile([unit / w1, abs(b_hat) * unit / w0]
+                                                         + ([abs(b_hat) * unit / w0] if mom.n_clipped is not None else []),
+                                                         OFFSET_LEVEL), 1.0)
     bias = bar_bias(model, lambda m: variance_bias_bound(m, rho, offset))  # the bar's tail (bar_tail)
     half = q + bias
     interval: list[float] | None = [max(estimate - q, 0.0), estimate + half]
+    # the clipped-persons check (as the scale-free mean's): more persons at or beyond the radius
+    # than the bar's tail model allows -> a far group the profile did not measure (post-processing)
+    clipped_expected, clipped_flag = clipped_check(bar_tail(model), rho, mom.n_clipped, mom.scale / w0, setup.n_hat)
     covers = ("the exact dataset statistic, at 90%: Laplace noise of the final stage (second moment, "
               "first moment and count) and a DP bound on the clipping bias (one-sided: clipping only "
               "lowers a variance)")
@@ -389,6 +415,12 @@ def person_variance(
         tail_flag = True  # flagged: a released 0 with no bar read as valid (a new user's trial)
     else:
         covers += unseen_note(setup.profile, setup.profile_epsilon, setup.n_hat)
+        if clipped_flag and not setup.tail_flag:
+            covers += ("; WARNING (tail_flag): the final stage's DP count of persons at or beyond the clipping "
+                       f"radius (~{mom.n_clipped:.0f}) exceeds what the tail model behind the bar allows "
+                       f"(~{clipped_expected:.0f}) by more than its noise: a group of persons far from the bulk that "
+                       "the deviation profile did not measure, whose clipping the bar does not cover")
+            tail_flag = True
         if setup.tail_flag:
             covers += ("; WARNING (tail_flag): the persons' means look heavy-tailed ("
                        f"{setup.flag_reason()}); the "
@@ -406,6 +438,9 @@ def person_variance(
         "clipping_radius": rho,
         "moment_weights": [w1, w0],
         "noisy_person_count": round(mom.n_noisy, 1),
+        "clipped_persons": None if mom.n_clipped is None else round(mom.n_clipped, 1),
+        "clipped_expected": round(clipped_expected, 1),
+        "clipped_flag": clipped_flag,
         "clipping_bias_bound": bias,
         "noise_quantile": q,
         "interval_90": interval,

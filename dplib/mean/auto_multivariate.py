@@ -60,7 +60,7 @@ from dplib.mean.univariate import ERROR_LEVEL, STATUS_INSUFFICIENT, STATUS_OK
 from dplib.seam import Aggregates
 
 ALGORITHM = "multivariate-mean/auto"
-ALGORITHM_VERSION = "1"
+ALGORITHM_VERSION = "2"  # 2: the coordinate-wise branch runs the scale-free mean version 16 (the clipped-persons check)
 #: The release's ``algorithm`` when the coordinate-wise branch ran.
 COORDINATE_ALGORITHM = "multivariate-mean/coordinate-wise scale-free (agarwal2024 univariate per column)"
 STAGE_REST = "multivariate mean (joint or coordinate-wise, chosen from the DP count)"

@@ -23,8 +23,10 @@ scale s, the range R) replaced by private estimates (:mod:`dplib.mean.ranges`). 
                                                           model, radius rho
  3b   tail balance            0.05 (light tails, no       Laplace on the persons beyond +x_a and
                               retry)                      beyond -x_a (x_a from the profile)
- 4    fine clip-and-noise     the rest (0.74-0.82;        Laplace on (sum trunc(Y - c, rho), w n)
-                              0.44 after retry, 0.29 after the pooled retry)
+ 4    fine clip-and-noise     the rest (0.74-0.82;        Laplace on (sum trunc(Y - c, rho), w n),
+                              0.44 after retry, 0.29      from a DP count x epsilon of 2,000 with
+                              after the pooled retry)     w n split into the persons within rho
+                                                          and those at or beyond it
 ====  =====================  ==========================  =======================================
 
 Stage 1 runs a second time, with a larger share, only when its first run released no bucket, or
@@ -57,7 +59,9 @@ tail model, beyond what the profile measures no lighter than ``x^-1.5`` where th
 (:func:`~dplib.mean.scale_free_stages.bar_tail`; the radius takes ``x^-2``). A fitted tail heavier than ``x^-2`` (point fit),
 persons beyond the profile's top edge (a share above 1%, or its overflow bin's noisy count above 2.5
 noise sds) or mass above its highest visible bin (3 noise sds) set ``tail_flag``: the bar then rests on an
-assumption the data may break, and the release says so.
+assumption the data may break, and the release says so. So does stage 4's count of the persons at
+or beyond the radius when it exceeds what the bar's tail model puts there by ``CLIPPED_SD`` noise
+sds (:func:`clipped_check`, version 16): a group far out that the profile did not measure.
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ from dplib.mean.scale_free_stages import (  # the early stages; re-exported (see
     StageShares,
     balance_edge,
     bar_bias,
+    bar_tail,
     measured_reach,
     point_tail,
     scale_free_stages,
@@ -140,7 +145,7 @@ __all__ = [
 ]
 
 ALGORITHM = "agarwal2024-univariate-person-mean/scale-free"
-ALGORITHM_VERSION = "15"  # 15: the median step (MEDIAN_STEP: the tail balance also counts the persons between c and +-x_a in its one release; the noisy excess above c over below, soft-thresholded at one noise sd, over a DP density from the profile, moves the fine stage's centre toward the median, by at most 2 centre bins; the bar's bound is read at rho - |shift|, a sharp end's radius grows by |shift|) and the centre share boosted x3 when stage 1's DP count x epsilon is under CENTRE_BOOST_N_EPS (wagepan lwage, 545 persons: centre 0.55 sd off in median -> 0.08, 3.15x -> 1.58x the pinned anchor, numpy 40 seeds); 14: the overflow check (stage 3c, OVERFLOW_CHECK_SHARE of epsilon when it runs: the profile's overflow bin over 1 noise sd, under the 2.5 that flag at once): a second count of the persons beyond the profile's top edge flags the bar (2% of 3,001 persons at +-1e20: unflagged misses 6 of 200 numpy runs -> see the stage's constants); releases where it does not run are those of version 13; 13: a sharp end (SHARP_END_SURVIVAL) clips at 1.0x the profile's reach (was 1.5x), also when the tails read light and symmetric: uniform person means at 10^4 / 10^5 persons, median |error| 1.68x / 1.70x -> 1.28x / 1.21x the pinned anchor's (paired, 40 seeds); its bar's tail is anchored at the reach with the profile's mass above its visible top (counted over HIDDEN_SD noise sds, else none) instead of continued from the last measured survival: uniform 10^4 persons, 200 seeds, bars 0.95x the 90th-percentile |error| covering 90.5% (continued: 18x); 12: the centre zoom (stage 2b: a finer centre histogram when the bulk sits in two centre bins, ZOOM_SHARE of epsilon when it runs; its centroid weighs noisy counts less 2 noise scales; kept when its top bins hold >= 80% of the first one's persons); runs without it release what version 11 released. Person means narrower than the centre bins: Gaussian m = 100, 1,000 persons median |error| 0.000744 -> 0.000598 (anchors grid, 30 seeds), uniform m = 100 0.000682 -> 0.000374; Lomax 2.5 m = 100 at 10^4 / 10^5 persons: bars covering 0.07 / 0.03 -> 1.00 / 0.97; 11: flagged when over 33% of the persons could sit unseen beyond the profile (unseen_flag; PSID married, 595 persons at epsilon 0.3: 9 unflagged misses of 30 -> 0); a profile that ends sharply (>= 5% of persons beyond its last measured edge, 10x what could hide beyond its visible top) clips at 1.5x its reach (sharp_end): a 0/1 column of 11,423 persons, median error 0.00128 -> 0.00071; 40 other cells unchanged; 10: no bar (flagged) when the range stays at the zero floor (at_zero_floor: 2,000 persons 97% at 0, epsilon 0.3: bars of 5e-302 against exact means of ~0.02, 2 of 6 unflagged); 9: the small-data radius cap is SMALL_REACH x max(the profile's reach, the centre's bin width) (a profile that sees nothing clipped 100 Gaussian persons at 0.4 sd in 14% of runs); 8: a pooled third range run (pure, 4 octaves per bucket) when the first two release nothing (jtrain firms, 128-155 persons: employ and sales released in 95-100% of runs instead of 0-5%); a first range of only the zero bucket (a zero-inflated column) runs the retry (3 octaves per bucket; wagepan shares of years in a state, 70-82% zeros: |error| 0.07-0.20 -> 0.008-0.03), and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
+ALGORITHM_VERSION = "16"  # 16: the clipped-persons check (CLIPPED_SD): from a DP person count x the fine epsilon of CLIPPED_MIN_N_EPS the fine stage releases its count split into the persons within the radius and those at or beyond it (the same l1 sensitivity), and flags the release when the second exceeds what the bar's tail model puts beyond the radius by 2.5 noise sds (2% of 10^4 persons at +15 sd, one side: unflagged misses 12 of 12 -> 0; 1% of 10^4: 96 -> 1 of 100; anchors grid at 10^4-10^5 persons within +-2% of version 15); 15: the median step (MEDIAN_STEP: the tail balance also counts the persons between c and +-x_a in its one release; the noisy excess above c over below, soft-thresholded at one noise sd, over a DP density from the profile, moves the fine stage's centre toward the median, by at most 2 centre bins; the bar's bound is read at rho - |shift|, a sharp end's radius grows by |shift|) and the centre share boosted x3 when stage 1's DP count x epsilon is under CENTRE_BOOST_N_EPS (wagepan lwage, 545 persons: centre 0.55 sd off in median -> 0.08, 3.15x -> 1.58x the pinned anchor, numpy 40 seeds); 14: the overflow check (stage 3c, OVERFLOW_CHECK_SHARE of epsilon when it runs: the profile's overflow bin over 1 noise sd, under the 2.5 that flag at once): a second count of the persons beyond the profile's top edge flags the bar (2% of 3,001 persons at +-1e20: unflagged misses 6 of 200 numpy runs -> see the stage's constants); releases where it does not run are those of version 13; 13: a sharp end (SHARP_END_SURVIVAL) clips at 1.0x the profile's reach (was 1.5x), also when the tails read light and symmetric: uniform person means at 10^4 / 10^5 persons, median |error| 1.68x / 1.70x -> 1.28x / 1.21x the pinned anchor's (paired, 40 seeds); its bar's tail is anchored at the reach with the profile's mass above its visible top (counted over HIDDEN_SD noise sds, else none) instead of continued from the last measured survival: uniform 10^4 persons, 200 seeds, bars 0.95x the 90th-percentile |error| covering 90.5% (continued: 18x); 12: the centre zoom (stage 2b: a finer centre histogram when the bulk sits in two centre bins, ZOOM_SHARE of epsilon when it runs; its centroid weighs noisy counts less 2 noise scales; kept when its top bins hold >= 80% of the first one's persons); runs without it release what version 11 released. Person means narrower than the centre bins: Gaussian m = 100, 1,000 persons median |error| 0.000744 -> 0.000598 (anchors grid, 30 seeds), uniform m = 100 0.000682 -> 0.000374; Lomax 2.5 m = 100 at 10^4 / 10^5 persons: bars covering 0.07 / 0.03 -> 1.00 / 0.97; 11: flagged when over 33% of the persons could sit unseen beyond the profile (unseen_flag; PSID married, 595 persons at epsilon 0.3: 9 unflagged misses of 30 -> 0); a profile that ends sharply (>= 5% of persons beyond its last measured edge, 10x what could hide beyond its visible top) clips at 1.5x its reach (sharp_end): a 0/1 column of 11,423 persons, median error 0.00128 -> 0.00071; 40 other cells unchanged; 10: no bar (flagged) when the range stays at the zero floor (at_zero_floor: 2,000 persons 97% at 0, epsilon 0.3: bars of 5e-302 against exact means of ~0.02, 2 of 6 unflagged); 9: the small-data radius cap is SMALL_REACH x max(the profile's reach, the centre's bin width) (a profile that sees nothing clipped 100 Gaussian persons at 0.4 sd in 14% of runs); 8: a pooled third range run (pure, 4 octaves per bucket) when the first two release nothing (jtrain firms, 128-155 persons: employ and sales released in 95-100% of runs instead of 0-5%); a first range of only the zero bucket (a zero-inflated column) runs the retry (3 octaves per bucket; wagepan shares of years in a state, 70-82% zeros: |error| 0.07-0.20 -> 0.008-0.03), and a zero-bucket window beside released non-zero buckets is widened to them (3,000 persons with 93% zeros: 100% -> 2.3% median relative error; other columns unchanged); 7: the point-fit radius for light, not one-sided tails; small data (after the range retry): octave profile, narrow centre window, centre share x3, no tail balance, radius from the point fit capped at 2x the reach, flagged when the fit cannot confirm a light tail; 6: an empty visible profile has no overflow share (was 1.0: refusals at ~100 persons); the tail flag's rules (overflow bin at 2.5 sds, point fit of nu < 2, hidden mass at 3 sds)
 STAGE_FINE = "fine clip-and-noise"
 STAGES = (STAGE_RANGE, STAGE_RANGE_RETRY, STAGE_RANGE_RETRY2, STAGE_CENTRE, STAGE_ZOOM, STAGE_PROFILE, STAGE_BALANCE, STAGE_OVERFLOW,
           STAGE_FINE)
@@ -393,6 +398,36 @@ def balanced_radius(model, low: float, high: float, n_eps: float, centre_error: 
     return float(grid[int(np.argmin(cost))])  # the first of equal minima, as a left-to-right scan
 
 
+#: The clipped-persons check (version 16): the fine stage releases its person count split into the
+#: persons within the radius and those at or beyond it (:func:`~dplib.mean.univariate.centred_clip_and_noise` with ``split``:
+#: the same l1 sensitivity, radius + w, as one count). The release is flagged when the noisy count
+#: beyond exceeds what the bar's tail model puts there (the DP count times its survival at the
+#: radius) by more than CLIPPED_SD of the count's noise sds. A group of persons far out on one side
+#: sits in profile bins under their noise floor, isolated from the bulk's run, and the bias bound
+#: leaves it out: numpy, 100 seeds, 1% of 10^4 persons at +15 sd: unflagged misses 96 -> 1; 2% of
+#: 3,000 at +12 sd: 68 -> 9; 1% of 3,000 (30 persons against a noise sd of ~16): 92 -> 63.
+CLIPPED_SD = 2.5
+#: The split count runs when the stages' DP person count x the fine stage's epsilon is at least
+#: this (about 2,600 persons at epsilon 1): the count's noise sd is ~15 persons (rho / w ~ 10), so
+#: below it the check sees only groups over ~2% of the persons, while the split's doubled count
+#: noise cost 4-8% of median error at 1,000 persons and up to 36% at 100 (anchors grid, 30 seeds;
+#: 10^4 persons and more: within +-2%).
+CLIPPED_MIN_N_EPS = 2000.0
+
+
+def clipped_check(model, radius: float, n_clipped: float | None, count_scale: float, n_hat: float) -> tuple[float, bool]:
+    """``(expected, flag)``: the persons at or beyond ``radius`` that ``model`` allows
+    (``n_hat x`` :meth:`~dplib.mean.tails.StudentTail.survival_bound`), and whether the noisy
+    count of them, ``n_clipped`` (Laplace of scale ``count_scale`` persons), exceeds that by more
+    than CLIPPED_SD noise sds. ``radius`` is where the bar's bound was read (the mean: the radius
+    less the median step's shift; every person beyond the radius around the moved centre is
+    beyond it around the old one). Post-processing of DP outputs only."""
+    expected = max(float(n_hat), 1.0) * model.survival_bound(radius)
+    if n_clipped is None or not (math.isfinite(count_scale) and count_scale > 0):
+        return expected, False
+    return expected, bool(n_clipped > expected + CLIPPED_SD * math.sqrt(2.0) * count_scale)
+
+
 def scale_free_person_mean(
     backend: Aggregates,
     column: str,
@@ -522,8 +557,11 @@ def scale_free_person_mean(
         rho = rho + abs(shift)
     bias_bound = bar_bias(bar_model, lambda m: shifted_bias(m, rho, shift, setup.low))
     b_fine = charge(STAGE_FINE, eps_fine)
+    split = setup.n_hat * eps_fine >= CLIPPED_MIN_N_EPS
     c = count_weight(rho, min(centre_error, rho))
-    fine = centred_clip_and_noise(backend, column, center, rho, c, group, b_fine.epsilon, noise)
+    # the split count only where the check can see a group of a few percent of the persons (a DP
+    # count x epsilon: public); below, its doubled count noise costs accuracy for nothing it could see
+    fine = centred_clip_and_noise(backend, column, center, rho, c, group, b_fine.epsilon, noise, split=split)
     n_noisy, estimate, scale = fine.n_noisy, fine.estimate, fine.scale
 
     # error bar: (e_S - d e_N)/N~ + clipping-bias bound (order of products: no overflow near 1e300)
@@ -559,9 +597,22 @@ def scale_free_person_mean(
                    "deviation profile measured at this budget, and the bar assumes none do (a column of two "
                    "values, e.g. 0/1, hides its far value this way): more persons or epsilon, or declare bounds")
     tail_flag = tail_flag or unseen_flag
+    # the clipped-persons check (post-processing of the fine stage's split count): more persons at
+    # or beyond the radius than the bar's tail model allows, by CLIPPED_SD noise sds -> a group the
+    # profile did not see (its bins under their noise floor), which the bias bound leaves out
+    clipped_expected, clipped_flag = clipped_check(bar_tail(bar_model), rho - abs(shift), fine.n_clipped, fine.scale / c, setup.n_hat)
+    if half is not None and clipped_flag and not tail_flag:
+        covers += ("; WARNING (tail_flag): the fine stage's DP count of persons at or beyond the clipping radius "
+                   f"(~{fine.n_clipped:.0f}) exceeds what the tail model behind the bar allows (~{clipped_expected:.0f}) "
+                   "by more than its noise: a group of persons far from the bulk that the deviation profile did not "
+                   "measure, whose clipping the bar does not cover")
+    tail_flag = tail_flag or clipped_flag
     eps, delta = composed_cost(accountant.charges[start:])
     params.update(
         {
+            "clipped_persons": None if fine.n_clipped is None else round(fine.n_clipped, 1),
+            "clipped_expected": round(clipped_expected, 1),
+            "clipped_flag": clipped_flag,
             "clipping_radius": rho,
             "centre_shift": shift,
             "fine_center": center,

@@ -133,6 +133,26 @@ class StudentTail:
             return total
         return total + s_star * self.scale * t_abs_excess(u, nu) / base
 
+    def survival_bound(self, x: float) -> float:
+        """Model bound on ``P(|Y - c| >= x)``: the measured survival at the left edge of the step
+        holding ``x`` (the survival does not increase, so it bounds every point of its step), and
+        beyond ``x* = edges[-1]`` the t tail (``nu_lower``) scaled to the last measured survival;
+        1 for ``x <= 0``."""
+        xs, ss = self.edges, self.survival
+        if not (x > 0):
+            return 1.0
+        x_star, s_star = float(xs[-1]), float(ss[-1])
+        if x < x_star:
+            j = int(np.searchsorted(xs, x, side="right")) - 1
+            return float(min(max(ss[max(j, 0)], 0.0), 1.0))
+        if s_star <= 0:
+            return 0.0
+        nu = self.nu_lower
+        base = float(t_abs_survival(x_star / self.scale, nu)) if nu > 0 else 0.0
+        if not (base > 0):
+            return float(min(s_star, 1.0))
+        return float(min(s_star * float(t_abs_survival(x / self.scale, nu)) / base, 1.0))
+
     def second_moment_excess(self, radius: float) -> float:
         """Model bound on ``E[(|Y - c|^2 - radius^2)+]``, data units squared: how much clipping at
         ``radius`` can lower the second moment about ``c`` (the variance's clipping bias).

@@ -32,7 +32,7 @@ import numpy as np
 from dplib.budget import Accountant, Budget, Charge, composed_cost
 from dplib.errors import InvalidParameterError
 from dplib.groups import ALL_PERSONS, GroupRange
-from dplib.mean.error_bars import ERROR_LEVEL, noise_and_sampling_quantile
+from dplib.mean.error_bars import ERROR_LEVEL, laplace_sum_quantile, noise_and_sampling_quantile
 from dplib.mean.params import (
     check_moment_order,
     check_positive,
@@ -264,13 +264,21 @@ class FineRelease:
     n_noisy: float
     denom: float  # max(N~, 1)
     scale: float  # Laplace scale of the sum, data units
+    #: :func:`centred_clip_and_noise` with ``split`` only: the noisy count of persons at or beyond the
+    #: radius (persons; its Laplace scale is ``scale / count_weight_``); N~ is then the sum of two
+    #: noisy counts
+    n_clipped: float | None = None
 
     def noise_quantile(self, count_weight_: float, level: float = ERROR_LEVEL) -> float:
         """The ``level`` quantile of ``|(e_S - d e_N) / N~|``, the release's Laplace noise on the
-        deviation (``e_S`` of scale ``scale``, ``e_N`` of ``scale / count_weight_``, the released
-        deviation as ``d``): :func:`noise_and_sampling_quantile`. Post-processing only."""
+        deviation (``e_S`` of scale ``scale``, ``e_N`` of ``scale / count_weight_``, or the sum of
+        two such terms for a split count; the released deviation as ``d``):
+        :func:`noise_and_sampling_quantile` / :func:`laplace_sum_quantile`. Post-processing only."""
         a = self.scale / self.denom
-        return float(noise_and_sampling_quantile(a, (abs(self.deviation) / count_weight_) * a, 0.0, level))
+        b = (abs(self.deviation) / count_weight_) * a
+        if self.n_clipped is not None:
+            return float(laplace_sum_quantile([a, b, b], level) if b > 0 else laplace_sum_quantile([a], level))
+        return float(noise_and_sampling_quantile(a, b, 0.0, level))
 
 
 def centred_clip_and_noise(
@@ -282,8 +290,15 @@ def centred_clip_and_noise(
     group: GroupRange,
     epsilon: float,
     noise: NoiseSource,
+    split: bool = False,
 ) -> FineRelease:
     """Fine stage: release ``(sum_i trunc(Y_i - center, radius), w n)`` with Laplace noise.
+
+    ``split``: release the count as two, ``(w n_within, w n_clipped)``, ``n_clipped`` the persons
+    with ``|Y_i - center| >= radius`` (:meth:`Aggregates.clipped_sum_split`); ``N~`` is the sum of
+    the two noisy counts and ``FineRelease.n_clipped`` the second, which a tail model can be
+    checked against (post-processing). A person is in exactly one of the two counts: the same
+    l1 sensitivity.
 
     The caller must have charged ``epsilon`` on ``group``. ``center``, ``radius`` and ``w`` must
     be public (DP outputs or constants).
@@ -296,14 +311,22 @@ def centred_clip_and_noise(
     with a DP denominator (docs/privacy/person_level_mean.md).
     """
     w = count_weight_
-    exact_sum, exact_count = backend.clipped_sum([column], np.array([center]), radius, group)
-    exact = clamp_exact(np.array([float(exact_sum[0]), w * exact_count]))
+    if split:
+        total, n_within, n_clipped = backend.clipped_sum_split(column, center, radius, group)
+        exact = clamp_exact(np.array([float(total), w * n_within, w * n_clipped]))
+        del total, n_within, n_clipped
+    else:
+        exact_sum, exact_count = backend.clipped_sum([column], np.array([center]), radius, group)
+        exact = clamp_exact(np.array([float(exact_sum[0]), w * exact_count]))
+        del exact_sum, exact_count
     noisy, scale = laplace_mechanism(exact, inflate(radius + w), epsilon, noise)
-    del exact_sum, exact_count, exact
-    s_noisy, n_noisy = float(noisy[0]), float(noisy[1]) / w
+    del exact
+    s_noisy, n_noisy = float(noisy[0]), float(np.sum(noisy[1:])) / w
     denom = max(n_noisy, 1.0)
     deviation = s_noisy / denom
-    return FineRelease(float(center + deviation), deviation, n_noisy, denom, scale)
+    clipped = float(noisy[2]) / w if split else None
+    return FineRelease(float(center + deviation), deviation, n_noisy, denom, scale, clipped)
+
 
 
 def range_estimator(

@@ -345,3 +345,15 @@ class SparkAggregates:
         if n == 0:
             return np.zeros(len(columns)), 0
         return np.array([float(t) for t in total]) * (float(radius) / QUANT_SCALE), n
+
+    def clipped_sum_split(self, column: str, center: float, radius: float, group: GroupRange) -> tuple[float, int, int]:
+        c = check_clip_args([column], np.array([center], dtype=float), radius)
+        rho = F.lit(float(radius))
+        dev = self._deviations([column], c, None, group)
+        # the clipped deviation (as _clipped) and whether the clip bound it (|d| >= radius), one pass
+        df = dev.select(F.least(F.greatest(F.col("_d0"), -rho), rho).alias("_u0"),
+                        (F.abs(F.col("_d0")) >= rho).cast("long").alias("_clip"))
+        n, total = exact_sums(df, first_units(1, radius) + [F.col("_clip")], self._collect)
+        if n == 0:
+            return 0.0, 0, 0
+        return float(total[0]) * (float(radius) / QUANT_SCALE), n - int(total[1]), int(total[1])

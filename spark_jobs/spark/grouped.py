@@ -199,6 +199,22 @@ class SparkGroupedAggregates(SparkAggregates):
             out[g] = (np.zeros(d), 0) if n == 0 else (np.array([float(t) for t in total]) * (radius / QUANT_SCALE), n)
         return out
 
+    def _grouped_clipped_sum_split(self, static, per_group):
+        # the one-column clipped sum of every group, with its persons at or beyond the group's
+        # radius counted in the same aggregation (as SparkAggregates.clipped_sum_split)
+        pg = {g: {"center": np.array([float(a["center"])]), "radius": a["radius"], "scales": None}
+              for g, a in per_group.items()}
+        _, dev = self._grouped_deviations({"columns": [static["column"]], "group": static["group"]}, pg, with_radius=True)
+        rho = F.col("_rho")
+        df = dev.select(F.col(GID), rho, F.least(F.greatest(F.col("_d0"), -rho), rho).alias("_u0"),
+                        (F.abs(F.col("_d0")) >= rho).cast("long").alias("_clip"))
+        units = [F.bround(F.col("_u0") / rho * F.lit(QUANT_SCALE), 0).cast("long"), F.col("_clip")]
+        out = {}
+        for g, (n, total) in self._grouped_sums(df, units, per_group).items():
+            radius = float(per_group[g]["radius"])
+            out[g] = (0.0, 0, 0) if n == 0 else (float(total[0]) * (radius / QUANT_SCALE), n - int(total[1]), int(total[1]))
+        return out
+
     def _grouped_clipped_outer_sum(self, static, per_group):
         columns, dev = self._grouped_deviations(static, per_group, with_radius=True, outer=True)
         d = len(columns)

@@ -149,3 +149,17 @@ def test_centre_fit_equal_and_small(persons, fold):
     counts = np.bincount(idx, minlength=32)
     top = int(np.argmax(counts))
     assert got.local_mass == pytest.approx(float(counts[max(top - 3, 0):top + 4].sum()), abs=1e-3)
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=str)
+@pytest.mark.parametrize("center,radius", [(4.0, 30.0), (-1.0, 0.5), (10.0, 1e300)])
+def test_clipped_sum_split_equal(persons, group, center, radius):
+    """The split clipped sum: its sum is the clipped sum's bit for bit, and both backends count
+    the same persons at or beyond the radius (including the +-1e308 persons)."""
+    np_b, sp_b = persons
+    before = sp_b.rows_collected
+    got = sp_b.clipped_sum_split("a", center, radius, group)
+    assert sp_b.rows_collected - before == 1
+    assert got == np_b.clipped_sum_split("a", center, radius, group)
+    s, n = np_b.clipped_sum(["a"], np.array([center]), radius, group)
+    assert got[0] == float(s[0]) and got[1] + got[2] == n

@@ -101,6 +101,16 @@ def test_clipped_sums_bit_for_bit(grouped, scaled):
         _same(got[g], want[g])
 
 
+def test_clipped_sum_split_bit_for_bit(grouped):
+    """Each group's split clipped sum (sum, persons within the radius, persons at or beyond it)
+    from one aggregation equals its numpy twin's, the +-1e308 persons included."""
+    sp, twins = grouped
+    per = {g: {"center": 100.0 * g, "radius": 5.0 * (g + 1)} for g in range(G)}
+    got, want = _ask(sp, twins, "clipped_sum_split", {"column": "a", "group": GroupRange(0.1, 0.9)}, per)
+    assert got == want
+    assert all(w[2] > 0 for w in want.values())  # every group has persons clipped
+
+
 def test_a_subset_of_groups_and_an_empty_group(grouped):
     sp, twins = grouped
     per = {1: {"center": np.array([100.0]), "radius": 2.0, "scales": None}, 77: {"center": np.array([0.0]), "radius": 1.0, "scales": None}}

@@ -574,3 +574,30 @@ def test_median_step_and_centre_boost_through_the_job(spark, tmp_path):
         assert abs(row.estimate[0] - float(pdf[row.statistic].mean())) <= 5.0 * float(np.max(row.error_bar))
     assert moved >= 1
     assert result.epsilon_spent == pytest.approx(5.0)
+
+
+def test_far_group_is_flagged_by_the_clipped_count_through_the_job(spark, tmp_path):
+    """Issue 20 (no confident wrong answers) through a job with the production noise source: 2% of
+    10,000 persons 15 sd above the bulk, on one side (their profile bins isolated from the bulk's
+    run, so no tail model counts them). Before the clipped-persons check the mean and the variance
+    released OK, unflagged, with bars that missed (numpy twin: 12 of 12 runs each); now the final
+    stage's split count sees ~200 persons beyond the radius against a noise sd of ~15-25, and both
+    rows are flagged, saying why (numpy twin: 12 of 12 each)."""
+    rng = np.random.default_rng(29)
+    n = 10_000
+    mu = rng.normal(10.0, 1.0, n)
+    far = rng.choice(n, n // 50, replace=False)
+    mu[far] = rng.normal(25.0, 1.0, far.size)
+    pdf = pd.DataFrame({"pid": np.repeat([f"f{i}" for i in range(n)], 2), "v": np.repeat(mu, 2)})
+    path = tmp_path / "far_group.parquet"
+    pdf.to_parquet(path, index=False)
+    cfg = job_config("far-group", path, [{"name": k, "kind": k, "columns": ["v"], "share": 0.5} for k in ("mean", "variance")],
+                     tmp_path / "far-group-out", epsilon=2.0, delta=1e-6)
+    result = run_job(cfg, spark=spark)
+    assert len(result.rows) == 2
+    for row in result.rows:
+        params = json.loads(row.parameters)
+        assert row.noise_source == SecureNoise.name and row.status == "OK", row.error_covers
+        assert params["clipped_flag"] is True and row.flagged is True, (row.statistic, params.get("clipped_persons"))
+        assert params["clipped_persons"] > params["clipped_expected"]
+        assert "at or beyond the clipping radius" in row.error_covers, row.error_covers

@@ -7,6 +7,10 @@ hardening issue's inputs and on ordinary data (seeded, numpy backend; one person
    1e20 times too short in 4 of 10 runs. The test's reach: the profile (epsilon 0.1 of 1) sees
    the overflow bin's persons beyond OVERFLOW_SD = 2.5 noise sds (35 persons), so 60 far persons
    are seen in ~96% of runs and 100 in all but ~0.05%.
+   A group on one side, 2% of 10,000 persons at +15 sd (in profile bins under their noise floor,
+   isolated from the bulk's run, so no tail model sees them): the clipped-persons check (the fine
+   stage's split count) flags every release whose bar misses; without it (CLIPPED_SD = inf) all
+   12 runs of the mean and of the variance released unflagged bars that miss.
 2. Ordinary light-tailed person means (Gaussian, uniform): the flag goes up in at most ~5% of
    runs. Power: Lomax(1.5) person means (infinite variance; of one record, and of ten, whose
    bulk looks nearly normal and whose bars miss in ~30% of runs) are flagged in most runs. The
@@ -22,6 +26,7 @@ import math
 import numpy as np
 import pytest
 
+import dplib.mean.scale_free as SF
 import dplib.mean.scale_free_stages as S
 from dplib.aggregates import NumpyAggregates
 from dplib.budget import Accountant, Budget
@@ -29,6 +34,7 @@ from dplib.mean.ranges import DeviationProfile
 from dplib.mean.scale_free import ScaleFreeMeanPlan, scale_free_person_mean
 from dplib.mean.univariate import STATUS_OK
 from dplib.mechanisms import SeededNoise
+from dplib.variance import ScaleFreeVariancePlan, person_variance
 
 N_PERSONS = 3000
 BUDGET = Budget(1.0, 1e-6)
@@ -73,6 +79,42 @@ def test_no_unflagged_release_whose_bar_misses(make):
         covered = r.error_bar is not None and abs(r.estimate - float(np.mean(y))) <= r.error_bar
         assert covered or r.parameters["tail_flag"], (seed, r.estimate, r.error_bar, float(np.mean(y)))
     assert seen >= 10
+
+
+def _far_group(seed: int) -> np.ndarray:
+    rng = np.random.default_rng([4, seed])
+    y = rng.normal(10.0, 1.0, FAR_PERSONS)
+    far = rng.choice(FAR_PERSONS, FAR_PERSONS // 50, replace=False)
+    y[far] = rng.normal(25.0, 1.0, far.size)
+    return y
+
+
+def _far_group_misses() -> tuple[int, int, int]:
+    """(unflagged misses of the mean, of the variance, releases flagged by the clipped check) in 12 runs."""
+    mean_misses = var_misses = checked = 0
+    for seed in range(12):
+        y = _far_group(seed)
+        r = _release(y, seed)
+        assert r.status == STATUS_OK
+        covered = r.error_bar is not None and abs(r.estimate - float(np.mean(y))) <= r.error_bar
+        mean_misses += not (covered or r.parameters["tail_flag"])
+        be = NumpyAggregates({"v": y}, np.random.default_rng([77, seed]).integers(0, 2**32, size=y.size))
+        v = person_variance(be, "v", ScaleFreeVariancePlan(BUDGET), SeededNoise(seed), Accountant(BUDGET))
+        iv = v.parameters["interval_90"]
+        var_misses += not ((iv is not None and iv[0] <= float(np.var(y)) <= iv[1]) or v.parameters["tail_flag"])
+        checked += bool(r.parameters["clipped_flag"]) + bool(v.parameters["clipped_flag"])
+    return mean_misses, var_misses, checked
+
+
+def test_a_far_group_on_one_side_is_flagged_by_the_clipped_count(monkeypatch):
+    # 200 persons beyond the radius against a count noise sd of ~15-25 persons: the check fires in
+    # every run (a miss would need a Laplace draw of ~7 noise scales)
+    mean_misses, var_misses, checked = _far_group_misses()
+    assert (mean_misses, var_misses, checked) == (0, 0, 24)
+    # the planted bug: the check switched off -> the bars miss, unflagged (all 12 of each when measured)
+    monkeypatch.setattr(SF, "CLIPPED_SD", math.inf)
+    mean_misses, var_misses, checked = _far_group_misses()
+    assert checked == 0 and mean_misses >= 10 and var_misses >= 10
 
 
 LIGHT = {

@@ -4,6 +4,9 @@ backend), and of the variance's error bar.
 1. Noise scale: the noise each final stage adds is Laplace with exactly the scale its declared
    sensitivity and epsilon give (Kolmogorov-Smirnov against that law, every coordinate). Power:
    the same test on releases drawn with a 30% smaller or larger scale rejects.
+   The split releases (the variance's ``split=True``, the scale-free mean's
+   ``centred_clip_and_noise(split=True)``): each of their coordinates, the count of the persons within
+   the radius and the count of those at or beyond it included, has the same declared law.
 2. Error bar: on Gaussian and t10 person means the variance's 90% bar covers the exact dataset
    statistic at least as often as a binomial lower quantile of the nominal level allows, and so
    do the sum's on Gaussian totals. Power: a bar shrunk to the noise quantile's 40% fails.
@@ -21,6 +24,7 @@ from dplib.budget import Budget
 from dplib.groups import ALL_PERSONS
 from dplib.mechanisms import SeededNoise
 from dplib.sums import ScaleFreeSumPlan, clipped_total, person_sum
+from dplib.mean.univariate import centred_clip_and_noise
 from dplib.variance import SECOND_MOMENT_SENSITIVITY, ScaleFreeVariancePlan, clipped_moments, person_variance
 
 ALPHA = 1e-4
@@ -71,6 +75,43 @@ def test_variance_final_stage_noise_is_the_declared_laplace():
 def test_variance_final_stage_noise_check_has_power(factor):
     noise, scales = _moments_noise(factor, 8)
     assert all(stats.kstest(noise[:, j], stats.laplace(scale=scales[j]).cdf).pvalue < ALPHA for j in range(3))
+
+
+def _split_noise(factor: float, seed: int):
+    """Noise of REPS split releases on fixed data (a third of the persons beyond the radius), per
+    coordinate, against the declared scales: the variance's (A, B, n_within, n_clipped) and the
+    mean's (S, n_within, n_clipped) (counts in persons, the weights divided out)."""
+    y = np.random.default_rng(3).normal(0.0, 1.0, 600)
+    c, rho, w1, w0, w, eps = 0.1, 1.0, 0.3, 0.25, 0.4, 0.7
+    u = np.clip((y - c) / rho, -1.0, 1.0)
+    clipped = int(np.sum(np.abs(y - c) >= rho))
+    backend = _backend(y)
+    var_exact = np.array([np.sum(np.rint(u * u * 2**30) / 2**30), np.sum(np.rint(u * 2**30) / 2**30),
+                          y.size - clipped, clipped])
+    mean_exact = np.array([np.sum(np.rint(u * 2**30) / 2**30) * rho, y.size - clipped, clipped])
+    var_out, mean_out = [], []
+    for r in range(REPS):
+        m = clipped_moments(backend, "v", c, rho, w1, w0, ALL_PERSONS, eps, ScaledNoise([seed, r], factor), split=True)
+        var_out.append((m.second, m.first, m.n_noisy - m.n_clipped, m.n_clipped))
+        f = centred_clip_and_noise(backend, "v", c, rho, w, ALL_PERSONS, eps, ScaledNoise([seed, 9, r], factor), split=True)
+        mean_out.append((f.deviation * f.denom, f.n_noisy - f.n_clipped, f.n_clipped))
+    d = (SECOND_MOMENT_SENSITIVITY + w1 + w0) * (1 + 2**-20) / eps
+    m = (rho + w) * (1 + 2**-20) / eps
+    return ((np.array(var_out) - var_exact, np.array([d, d / w1, d / w0, d / w0])),
+            (np.array(mean_out) - mean_exact, np.array([m, m / w, m / w])))
+
+
+def test_split_final_stages_noise_is_the_declared_laplace():
+    for noise, scales in _split_noise(1.0, 11):
+        for j in range(len(scales)):
+            assert stats.kstest(noise[:, j], stats.laplace(scale=scales[j]).cdf).pvalue > ALPHA, j
+
+
+@pytest.mark.parametrize("factor", [0.7, 1.3])
+def test_split_final_stages_noise_check_has_power(factor):
+    for noise, scales in _split_noise(factor, 12):
+        assert all(stats.kstest(noise[:, j], stats.laplace(scale=scales[j]).cdf).pvalue < ALPHA
+                   for j in range(len(scales)))
 
 
 def _total_noise(factor: float, seed: int):

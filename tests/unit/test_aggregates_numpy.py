@@ -218,6 +218,38 @@ def test_clipped_sum_1d_finite_when_value_minus_centre_overflows():
     assert s[0] == 2.0
 
 
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("group", GROUPS)
+def test_clipped_sum_split_matches_brute_force(seed, group):
+    """The split clipped sum: its sum is clipped_sum's bit for bit; its counts are the persons
+    with |y - c| < r and |y - c| >= r, by a loop (values placed exactly at c +- r included)."""
+    cols, gidx, rng = _random_data(seed)
+    c = float(rng.uniform(-3, 3))
+    r = float(rng.uniform(0.2, 5))
+    y = cols["c2"].copy()
+    y[:3] = [c + r, c - r, c + 2 * r]  # on the radius counts as clipped
+    agg = NumpyAggregates({**cols, "c2": y}, gidx)
+    within = clipped = 0
+    for i in _members(gidx, group):
+        if math.isnan(y[i]):
+            continue
+        if abs(y[i] - c) >= r:
+            clipped += 1
+        else:
+            within += 1
+    got = agg.clipped_sum_split("c2", c, r, group)
+    s, n = agg.clipped_sum(["c2"], np.array([c]), r, group)
+    assert got == (float(s[0]), within, clipped)
+    assert within + clipped == n
+
+
+def test_clipped_sum_split_of_empty_group_and_bad_radius():
+    agg = NumpyAggregates({"a": np.array([1.0, 2.0])}, np.array([0, 1], dtype=np.int64))
+    assert agg.clipped_sum_split("a", 0.0, 1.0, GroupRange(0.5, 1.0)) == (0.0, 0, 0)
+    with pytest.raises(InvalidParameterError, match="radius"):
+        agg.clipped_sum_split("a", 0.0, 0.0, ALL_PERSONS)
+
+
 def test_clipped_sum_of_empty_group():
     agg = NumpyAggregates({"a": np.array([1.0, 2.0])}, np.array([0, 1], dtype=np.int64))
     s, n = agg.clipped_sum(["a"], np.array([0.0]), 1.0, GroupRange(0.5, 1.0))

@@ -38,7 +38,11 @@ from dplib.mean.scale_free import (
     tail_balance_read,
     tail_counts,
 )
-from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK
+import dplib.mean.scale_free as sf_module
+from dplib.mean.error_bars import laplace_sum_quantile
+from dplib.mean.scale_free import CLIPPED_SD, clipped_check
+from dplib.mean.tails import StudentTail
+from dplib.mean.univariate import STATUS_INSUFFICIENT, STATUS_OK, FineRelease
 from dplib.mechanisms import SeededNoise
 
 DEFAULT_BUDGET = Budget(1.0, 1e-6)
@@ -189,7 +193,7 @@ def test_each_stage_charged_before_its_noise(budget):
     # the fine stage gets exactly what is left; the run spends the whole budget
     assert (rel.epsilon, rel.delta) == pytest.approx((budget.epsilon, budget.delta / 2 if budget.delta else 0.0))
     assert rel.epsilon == pytest.approx(budget.epsilon, rel=1e-12)
-    assert noise.sizes[-1] == 2
+    assert noise.sizes[-1] == 3  # (S, w n_within, w n_clipped): 20,000 persons run the split count
 
 
 def test_small_data_retries_stage_one_and_boosts_its_shares():
@@ -1289,6 +1293,9 @@ def test_the_overflow_check_flags_far_persons_the_one_bin_test_misses(monkeypatc
     assert with_check <= 12 and ran >= 12
     from dplib.mean.scale_free_stages import DEFAULT_SHARES
 
+    # (the clipped-persons check of version 16, which also sees these persons beyond the radius in
+    # some runs, off too: this is the overflow check's power; with it on, 12 of 60 when measured)
+    monkeypatch.setattr(sf_module, "CLIPPED_SD", math.inf)
     without, ran_off = _unflagged_misses(backend, y, 60, monkeypatch, dataclasses.replace(DEFAULT_SHARES, overflow=0.0))
     assert without >= 18 and ran_off == 0
 
@@ -1614,3 +1621,46 @@ def test_the_bar_pays_for_the_median_shift(monkeypatch, shift):
         exact_bias = abs(float(np.mean(np.clip(d, -p["clipping_radius"], p["clipping_radius"]) - d)))
         assert exact_bias > 1e-3  # the forced shift really clips
         assert p["clipping_bias_bound"] >= exact_bias, (seed, p["clipping_bias_bound"], exact_bias)
+
+
+# ------------------------------------------------------------------------------------------------
+# the clipped-persons check (version 16)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_clipped_check_compares_the_split_count_with_the_tail_model():
+    """expected = n_hat x the model's survival at the radius; flag when the noisy count is over
+    expected + CLIPPED_SD x sqrt(2) x its Laplace scale; no split count, no flag."""
+    model = StudentTail(np.array([0.0, 1.0, 2.0]), np.array([1.0, 0.3, 0.01]), 1.0, 30.0, 20.0, True)
+    expected, flag = clipped_check(model, 2.0, None, 10.0, 5000.0)
+    assert expected == pytest.approx(50.0) and not flag  # 5000 x 0.01, at the last measured edge
+    threshold = 50.0 + CLIPPED_SD * math.sqrt(2.0) * 10.0
+    assert not clipped_check(model, 2.0, threshold - 1e-9, 10.0, 5000.0)[1]
+    assert clipped_check(model, 2.0, threshold + 1e-9, 10.0, 5000.0)[1]
+    # a radius inside the measured steps reads the step's left-edge survival (more expected)
+    assert clipped_check(model, 1.5, threshold + 1e-9, 10.0, 5000.0) == (pytest.approx(1500.0), False)
+    # a count scale that is not finite cannot flag
+    assert not clipped_check(model, 2.0, 1e9, math.inf, 5000.0)[1]
+
+
+def test_split_fine_release_bar_takes_both_count_terms():
+    """The noise quantile of a split release is that of S plus two count terms (laplace_sum_quantile),
+    at least the unsplit one's; with a zero deviation the count terms vanish in both."""
+    one = FineRelease(10.3, 0.3, 1000.0, 1000.0, 5.0)
+    two = FineRelease(10.3, 0.3, 1000.0, 1000.0, 5.0, n_clipped=12.0)
+    a, b = 5.0 / 1000.0, (0.3 / 0.5) * 5.0 / 1000.0
+    assert two.noise_quantile(0.5) == pytest.approx(laplace_sum_quantile([a, b, b]), rel=1e-12)
+    assert two.noise_quantile(0.5) >= one.noise_quantile(0.5)
+    zero = FineRelease(10.0, 0.0, 1000.0, 1000.0, 5.0, n_clipped=12.0)
+    assert zero.noise_quantile(0.5) == pytest.approx(laplace_sum_quantile([a]), rel=1e-12)
+
+
+def test_small_counts_do_not_split_and_large_ones_do():
+    """The split count runs from a DP person count x the fine epsilon of CLIPPED_MIN_N_EPS: 1,000
+    persons at epsilon 1 release (S, w n) with no clipped count, 20,000 persons the split."""
+    for n, split in ((1000, False), (20000, True)):
+        backend, _, _ = _gaussian_backend(3, n=n)
+        rel = scale_free_person_mean(backend, "v", ScaleFreeMeanPlan(Budget(1.0, 1e-6)), SeededNoise(3))
+        assert rel.status == STATUS_OK
+        assert (rel.parameters["clipped_persons"] is not None) == split, n
+        assert rel.parameters["clipped_flag"] is False

@@ -4,6 +4,7 @@ The neighbour D' is D plus one extra person (same group indices for everybody el
 one person. Bounds come from the privacy proofs, not from the code:
 
 - fine stage of the univariate mean: release (sum_i trunc(Y_i - c, rho), w * n), l1 <= rho + w;
+  its split form (sum, w * n_within, w * n_clipped), the same bound;
 - histogram: one person is in exactly one bin, l1 = 1;
 - d-dim clipped sum: l2 <= radius.
 """
@@ -66,6 +67,34 @@ def test_fine_stage_l1_sensitivity(seed, c, rho, u):
         assert change <= (rho + w) * (1 + FLOAT_SLACK), change
         max_change = max(max_change, change)
     # The bound is attained (a far-away person adds exactly rho to the sum and 1 to the count).
+    assert max_change >= (rho + w) * (1 - FLOAT_SLACK)
+
+
+def _split_release(agg: NumpyAggregates, c: float, rho: float, w: float, group: GroupRange) -> np.ndarray:
+    s, n_within, n_clipped = agg.clipped_sum_split("x0", c, rho, group)
+    return np.array([s, w * n_within, w * n_clipped])
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("c, rho, u", [(2.0, 1.5, 0.6), (-1e3, 10.0, 6.0), (0.3, 1e-3, 1e-4)])
+def test_split_fine_stage_l1_sensitivity(seed, c, rho, u):
+    """The split count (persons within the radius, persons at or beyond it) moves by w in total
+    under add/remove, whichever side the person is on: neighbours exactly at +-rho, far beyond,
+    at the centre, at float max, and a missing value."""
+    values, gidx, rng = _base(seed)
+    w = count_weight(rho, u)
+    group = ALL_PERSONS
+    base = _split_release(_agg(values, gidx), c, rho, w, group)
+    extras = [1e308, -1e308, c, c + rho, c - rho, c + rho / 2, c + 3 * rho, np.finfo(float).max, np.nan]
+    max_change = 0.0
+    for vals2, gidx2 in _neighbours(values, gidx, extras, int(rng.integers(0, HASH))):
+        rel = _split_release(_agg(vals2, gidx2), c, rho, w, group)
+        change = float(np.sum(np.abs(rel - base)))
+        assert change <= (rho + w) * (1 + FLOAT_SLACK), change
+        # exactly one of the two counts moved, by one person (or none: a missing value)
+        moved = np.abs(rel[1:] - base[1:]) / w
+        assert sorted(np.round(moved, 9).tolist()) in ([0.0, 1.0], [0.0, 0.0])
+        max_change = max(max_change, change)
     assert max_change >= (rho + w) * (1 - FLOAT_SLACK)
 
 

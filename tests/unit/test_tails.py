@@ -157,3 +157,21 @@ def test_balanced_radius_reuses_a_models_grid_and_equals_the_direct_minimum():
         n_eps, ce = float(10 ** rng.uniform(0, 5)), float(10 ** rng.uniform(-3, 1))
         assert balanced_radius(model, 0.05, 400.0, n_eps, ce) == direct(model, 0.05, 400.0, n_eps, ce)
     assert len(_GRID_BIASES) >= 2 and all(not v[2].flags.writeable for v in _GRID_BIASES.values())
+
+
+def test_survival_bound_reads_the_step_then_the_scaled_t_tail():
+    """Within the measured steps: the survival at the left edge of the step holding x (an upper
+    bound, the survival not increasing); beyond x* the t tail of nu_lower scaled to the last
+    measured survival, by the closed form of |t| (scipy)."""
+    xs, ss = np.array([0.0, 1.0, 2.0, 4.0]), np.array([1.0, 0.4, 0.1, 0.02])
+    m = StudentTail(xs, ss, 1.5, 6.0, 3.0, True)
+    assert m.survival_bound(0.0) == 1.0 and m.survival_bound(-1.0) == 1.0
+    assert m.survival_bound(0.5) == 1.0
+    assert m.survival_bound(1.0) == 0.4 and m.survival_bound(1.99) == 0.4
+    assert m.survival_bound(3.0) == 0.1
+    t = stats.t(3.0)
+    for x in (4.0, 6.0, 40.0):
+        want = 0.02 * (2 * t.sf(x / 1.5)) / (2 * t.sf(4.0 / 1.5))
+        assert m.survival_bound(x) == pytest.approx(want, rel=1e-9)
+    # nothing measured beyond x*: nothing beyond it
+    assert StudentTail(xs, np.array([1.0, 0.4, 0.1, 0.0]), 1.5, 6.0, 3.0, True).survival_bound(5.0) == 0.0

@@ -187,7 +187,9 @@ def test_each_stage_is_charged_before_its_noise_and_the_total_is_the_budget():
     assert [c.stage for c in acc.charges] == ["v: " + s for s in (
         STAGE_RANGE, STAGE_CENTRE, STAGE_PROFILE, STAGE_BALANCE, STAGE_MOMENTS)]
     assert noise.charges_at_call == [1, 2, 3, 4, 5]  # every draw after its own stage's charge
-    assert noise.exact[-1].shape == (3,)  # (sum u^2, w1 sum u, w0 n) in one release
+    # (sum u^2, w1 sum u, w0 n_within, w0 n_clipped) in one release: 20,000 persons run the split count
+    assert noise.exact[-1].shape == (4,)
+    assert noise.exact[-1][2] + noise.exact[-1][3] == pytest.approx(rel.parameters["moment_weights"][1] * y.size)
     assert rel.epsilon == pytest.approx(1.0, rel=1e-12) and rel.delta == pytest.approx(5e-7)
 
 
