@@ -405,7 +405,7 @@ def balanced_radius(model, low: float, high: float, n_eps: float, centre_error: 
 #: radius) by more than CLIPPED_SD of the count's noise sds. A group of persons far out on one side
 #: sits in profile bins under their noise floor, isolated from the bulk's run, and the bias bound
 #: leaves it out: numpy, 100 seeds, 1% of 10^4 persons at +15 sd: unflagged misses 96 -> 1; 2% of
-#: 3,000 at +12 sd: 68 -> 9; 1% of 3,000 (30 persons against a noise sd of ~16): 92 -> 63.
+#: 3,000 at +12 sd: 68 -> 21; 1% of 3,000 (30 persons against a noise sd of ~16): 92 -> 84 (version 16 as built, with CLIPPED_MIN_N_EPS).
 CLIPPED_SD = 2.5
 #: The split count runs when the stages' DP person count x the fine stage's epsilon is at least
 #: this (about 2,600 persons at epsilon 1): the count's noise sd is ~15 persons (rho / w ~ 10), so
